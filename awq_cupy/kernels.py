@@ -1,0 +1,61 @@
+"""The kernel table: every kernel family awq_cupy compiles, and the variants it instantiates per arch.
+
+This is the single place that lists template instantiations; ``python -m awq_cupy compile`` and the CI compile
+check iterate over it, and the ops look kernels up through ``kernel(family, variant)``.
+"""
+from __future__ import annotations
+
+from .jit import Arch, KernelFamily, get_kernel
+
+# C++ element type names of the activation / scale dtypes.
+CTYPE = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
+
+
+def _dequant_variants(arch: Arch) -> tuple[str, ...]:
+    return tuple(f"awq_dequant_gemm_kernel<{CTYPE[o]}, {CTYPE[s]}>" for o in CTYPE for s in CTYPE)
+
+
+DEQUANT = KernelFamily("dequant", "dequant.cu", _dequant_variants, hot=True)
+
+FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (DEQUANT,)}
+
+
+def dequant_variant(out_dtype: str, scale_dtype: str) -> str:
+    return f"awq_dequant_gemm_kernel<{CTYPE[out_dtype]}, {CTYPE[scale_dtype]}>"
+
+
+def kernel(family: str, variant: str, device_id: int | None = None):
+    return get_kernel(FAMILIES[family], variant, device_id)
+
+
+def compile_all(archs=None, families=None, *, log=None):
+    """Compile every variant of every family for every arch (no GPU needed).
+
+    Returns one row per (family, arch, variant): dict(family, arch, variant, registers, spill_stores,
+    spill_loads, stack_frame, static_smem, hot, seconds, cached). Raises CompileError on the first failure.
+    """
+    from .jit import ARCHS, compile_family
+
+    archs = list(ARCHS) if archs is None else list(archs)
+    fams = [FAMILIES[f] for f in (families or FAMILIES)]
+    rows = []
+    for a in archs:
+        if a not in ARCHS:
+            raise ValueError(f"unknown arch {a!r}; supported: {', '.join(ARCHS)}")
+        arch = ARCHS[a]
+        for fam in fams:
+            if not fam.supports(arch):
+                continue
+            c = compile_family(fam, arch)
+            if log:
+                log(f"{fam.name} {arch.target}: {len(c.lowered)} variants "
+                    f"({'cache' if c.from_cache else f'{c.seconds:.1f}s'})")
+            for v in c.lowered:
+                r = c.resources.get(v)
+                if r is None:
+                    raise RuntimeError(f"no ptxas resource report for {fam.name} {v} on {arch.target}")
+                rows.append(dict(family=fam.name, arch=arch.target, variant=v, hot=fam.hot,
+                                 registers=r.registers, spill_stores=r.spill_stores, spill_loads=r.spill_loads,
+                                 stack_frame=r.stack_frame, static_smem=r.static_smem,
+                                 smem_limit=arch.smem_optin, cached=c.from_cache))
+    return rows

@@ -1,0 +1,28 @@
+"""Shared pytest setup: the ``gpu`` marker skips (with the reason printed by ``-ra``) when no GPU answers."""
+import os
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from awq_cupy._array import gpu_available
+
+# Golden layers packed by AutoAWQ's own code (copied from shared/fixtures/awq-reference; see its README).
+FIXTURES = Path(os.environ.get("AWQ_CUPY_FIXTURES", Path(__file__).resolve().parent / "data" / "awq-reference"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if gpu_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA GPU available (cupy.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def rng(request):
+    """A fresh, reproducible generator per test (seeded from the test's name)."""
+    seed = zlib.crc32(request.node.nodeid.encode())
+    return np.random.default_rng(seed)
