@@ -108,11 +108,19 @@ def arch_for_cc(cc: int | str, *, arch_specific: bool = False) -> Arch:
     return max(same_major, key=lambda a: a.cc)
 
 
+_device_cc: dict[int, str] = {}
+
+
 def arch_of_device(device_id: int | None = None, *, arch_specific: bool = False) -> Arch:
+    """The compile target of a CUDA device (the current one by default); the capability is cached per device."""
     import cupy
 
-    dev = cupy.cuda.Device(device_id) if device_id is not None else cupy.cuda.Device()
-    return arch_for_cc(dev.compute_capability, arch_specific=arch_specific)
+    if device_id is None:
+        device_id = cupy.cuda.runtime.getDevice()
+    cc = _device_cc.get(device_id)
+    if cc is None:
+        cc = _device_cc[device_id] = cupy.cuda.Device(device_id).compute_capability
+    return arch_for_cc(cc, arch_specific=arch_specific)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -226,7 +234,6 @@ class CompiledFamily:
 
 _PTXAS_FUNC = re.compile(r"Function properties for (\S+)")
 _PTXAS_STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
-_PTXAS_USED = re.compile(r"Compiling entry function '(\S+)'|Used (\d+) registers(?:.*?(\d+) bytes smem)?")
 
 
 def parse_ptxas_log(log: str) -> dict[str, Resources]:
@@ -266,7 +273,7 @@ def parse_ptxas_log(log: str) -> dict[str, Resources]:
 def compile_options(family: KernelFamily, arch: Arch) -> list[str]:
     """Every NVRTC option for (family, arch): the one place that maps an arch to compile flags."""
     opts = [f"-arch={arch.target}", "--std=c++17", f"-I{_cuda_include_dir()}",
-            f"-DAWQ_CUPY_CC={arch.cc}", "--ptxas-options=-v", "-lineinfo"]
+            f"-DAWQ_CUPY_CC={arch.cc * 10}", "--ptxas-options=-v", "-lineinfo"]
     opts += [f"-D{k}={v}" for k, v in family.defines]
     return opts
 
@@ -464,10 +471,6 @@ def get_kernel(family: KernelFamily, variant: str, device_id: int | None = None)
             k = Kernel(variant, family.name, device_id, func, c.resources.get(variant))
             _kernels[(device_id, family.name, variant)] = k
     return k
-
-
-def hash_text(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def as_i32(v) -> np.int32:

@@ -11,13 +11,50 @@ from .jit import Arch, KernelFamily, get_kernel
 CTYPE = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
 
 
+def gemm_dtypes(arch: Arch) -> tuple[str, ...]:
+    """Activation dtypes the tensor-core kernels support on ``arch`` (no bf16 mma before sm_80)."""
+    return ("float16", "bfloat16") if arch.has_mma_k16 else ("float16",)
+
+
 def _dequant_variants(arch: Arch) -> tuple[str, ...]:
-    return tuple(f"awq_dequant_gemm_kernel<{CTYPE[o]}, {CTYPE[s]}>" for o in CTYPE for s in CTYPE)
+    return tuple(f"awq_dequant_gemm_kernel<{CTYPE[o]}, {CTYPE[s]}>" for o in CTYPE for s in CTYPE) + tuple(
+        dequant_tiles_variant(d) for d in gemm_dtypes(arch))
+
+
+def dequant_tiles_variant(dtype: str) -> str:
+    return f"awq_dequant_tiles_kernel<{CTYPE[dtype]}>"
 
 
 DEQUANT = KernelFamily("dequant", "dequant.cu", _dequant_variants, hot=True)
 
-FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (DEQUANT,)}
+REPACK = KernelFamily("repack", "repack.cu", lambda arch: ("awq_repack_gemm_to_tiles_kernel",), hot=False)
+
+# Tensor-core GEMM: m-blocks of 16 rows per CTA x pipeline depth. The stage count per arch keeps the largest
+# variant inside the arch's opt-in shared memory (sm_75: 64 KB and no cp.async, so double buffering).
+GEMM_MBLOCKS = (1, 2, 4)
+
+
+def gemm_stages(arch: Arch) -> int:
+    return 4 if arch.cc >= 80 else 2
+
+
+def gemm_variant(dtype: str, mblocks: int, stages: int) -> str:
+    return f"awq_gemm_tc_kernel<{CTYPE[dtype]}, {mblocks}, {stages}>"
+
+
+def reduce_variant(dtype: str) -> str:
+    return f"awq_splitk_reduce_kernel<{CTYPE[dtype]}>"
+
+
+def _gemm_variants(arch: Arch) -> tuple[str, ...]:
+    st = gemm_stages(arch)
+    return tuple(gemm_variant(d, mb, st) for d in gemm_dtypes(arch) for mb in GEMM_MBLOCKS) + tuple(
+        reduce_variant(d) for d in gemm_dtypes(arch))
+
+
+GEMM_TC = KernelFamily("gemm_tc", "gemm_tc.cu", _gemm_variants, hot=True)
+
+FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (DEQUANT, REPACK, GEMM_TC)}
 
 
 def dequant_variant(out_dtype: str, scale_dtype: str) -> str:

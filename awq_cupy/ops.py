@@ -11,7 +11,7 @@ import numpy as np
 from ._array import bfloat16_dtype, is_cupy
 from .jit import as_i32
 
-__all__ = ["dequantize_gemm", "dtype_name", "activation_dtype"]
+__all__ = ["dequantize_gemm", "dequantize", "matmul", "gemm", "dtype_name", "activation_dtype"]
 
 _BF16_NOTE = ("bfloat16 needs ml_dtypes (pip install ml_dtypes) for a typed array; without it pass "
               "dtype='bfloat16' and use uint16 arrays holding bf16 bit patterns")
@@ -143,3 +143,196 @@ def dequantize_gemm(qweight, qzeros, scales, group_size, *, dtype="float16", out
     with cupy.cuda.Device(dev):
         k.launch((blocks,), (threads,), (qweight, qzeros, scales, out, as_i32(K), as_i32(N), as_i32(G)))
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# matmul
+# ----------------------------------------------------------------------------------------------------------------
+_WARPS = 4                   # n-tiles per CTA (kernels_cu/gemm_tc.cu)
+_TARGET_CTAS = 2 * 132       # split K until the grid has about this many CTAs ...
+_MIN_STAGES_PER_SPLIT = 4    # ... but give each split at least 4 x 64 k
+
+
+def _mblocks(M: int) -> int:
+    return 1 if M <= 16 else 2 if M <= 32 else 4
+
+
+def plan_splits(K_stages: int, n_ctas: int, m_tiles: int, *, sm_count: int = 132) -> tuple[int, int]:
+    """(splits, stages_per_split) for a grid of n_ctas x m_tiles CTAs over K_stages 64-k stages."""
+    target = 2 * sm_count
+    want = max(1, -(-target // (n_ctas * m_tiles)))
+    splits = max(1, min(want, K_stages // _MIN_STAGES_PER_SPLIT))
+    per = -(-K_stages // splits)
+    return -(-K_stages // per), per
+
+
+_workspaces: dict = {}
+
+
+def _workspace(nfloats: int, device_id: int):
+    """An fp32 scratch buffer for split-K partials, private to (device, current stream), never freed.
+
+    It lives as long as the process so that a CUDA graph captured around ``matmul`` keeps pointing at valid
+    memory; growing it keeps the old buffer alive for graphs that captured it."""
+    import cupy
+
+    stream = cupy.cuda.get_current_stream().ptr
+    key = (device_id, stream)
+    bufs = _workspaces.setdefault(key, [])
+    if not bufs or bufs[-1].size < nfloats:
+        bufs.append(cupy.empty(max(nfloats, 1 << 16), dtype=cupy.float32))
+    return bufs[-1]
+
+
+def _is_capturing() -> bool:
+    import cupy
+
+    return bool(cupy.cuda.runtime.streamIsCapturing(cupy.cuda.get_current_stream().ptr))
+
+
+def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
+    """``y = x @ W (+ bias)`` for a ``QuantizedWeight`` ``w`` on the GPU, fp32 accumulation, one final rounding.
+
+    ``x``: CuPy array ``[..., K]`` of ``w.dtype`` (float16, or bfloat16 as ``ml_dtypes.bfloat16``; raw uint16 bf16
+    bit patterns are accepted for a bf16 weight). A non-contiguous or misaligned ``x`` is copied first.
+    ``bias``: ``[N]`` of the same dtype, or None. ``out``: optional C-contiguous ``[..., N]`` output that must
+    not overlap ``x``. Returns ``y [..., N]`` of x's dtype; M = 0 rows give an empty result.
+
+    Runs on the caller's current CuPy stream without synchronising, and is capturable in a CUDA graph (under
+    capture pass ``out=`` and keep it alive with the graph). Dispatch: the tensor-core kernel for every M
+    (16, 32 or 64-row tiles), with split-K over a private fp32 workspace reduced in a fixed order.
+
+    Batch invariance: a row's result depends on M only through the split-K count, which depends on M; with
+    ``batch_invariant=True`` the split count is chosen from (K, N) alone, so every row's output is bitwise
+    independent of the other rows and of M.
+    """
+    import cupy
+
+    from .kernels import gemm_stages, gemm_variant, kernel, reduce_variant
+    from .jit import arch_of_device
+    from .weight import QuantizedWeight
+
+    if not isinstance(w, QuantizedWeight):
+        raise TypeError(f"w must be an awq_cupy.QuantizedWeight, got {type(w).__name__}")
+    require_cupy(x, "x", w.device)
+    if x.dtype == np.uint16 and w.dtype == "bfloat16":
+        kind = "bfloat16"
+    else:
+        kind = activation_dtype(x, "x")
+    if kind != w.dtype:
+        raise TypeError(f"x has dtype {x.dtype} but the weight was prepared for {w.dtype}; "
+                        f"use w.astype({kind!r})")
+    if x.ndim < 1 or x.shape[-1] != w.K:
+        raise ValueError(f"x has shape {x.shape}; its last dimension must equal K={w.K}")
+    K, N = w.K, w.N
+    lead = x.shape[:-1]
+    M = int(np.prod(lead)) if lead else 1
+    if bias is not None:
+        require_cupy(bias, "bias", w.device)
+        if bias.shape != (N,):
+            raise ValueError(f"bias has shape {bias.shape}, expected ({N},)")
+        if bias.dtype != x.dtype:
+            raise TypeError(f"bias has dtype {bias.dtype}, expected {x.dtype} like x")
+        bias = contiguous(bias, "bias")
+    if out is None:
+        out = cupy.empty(lead + (N,), dtype=x.dtype)
+    else:
+        require_cupy(out, "out", w.device)
+        if out.shape != lead + (N,) or out.dtype != x.dtype:
+            raise ValueError(f"out must have shape {lead + (N,)} and dtype {x.dtype}, got {out.shape} {out.dtype}")
+        if not out.flags.c_contiguous or out.data.ptr % 16:
+            raise ValueError("out must be C-contiguous and 16-byte aligned")
+        if _overlap(out, x):
+            raise ValueError("out must not overlap x")
+    if M == 0:
+        return out
+    x2 = contiguous(x, "x").reshape(M, K)
+    y2 = out.reshape(M, N)
+
+    dev = w.device
+    arch = arch_of_device(dev)
+    mb = _mblocks(M)
+    m_tiles = -(-M // (16 * mb))
+    n_ctas = -(-w.NT // _WARPS)
+    k_stages = w.KT // 4
+    sm_count = _sm_count(dev)
+    splits, per = plan_splits(k_stages, n_ctas, 1 if batch_invariant else m_tiles, sm_count=sm_count)
+    stages = gemm_stages(arch)
+    smem = stages * _stage_bytes(mb)
+    gk = kernel("gemm_tc", gemm_variant(kind, mb, stages), dev)
+    bias_arg = bias if bias is not None else np.uint64(0)
+    with cupy.cuda.Device(dev):
+        ws = _workspace(splits * M * w.NT * 64, dev) if splits > 1 else None
+        gk.launch((n_ctas, splits, m_tiles), (32 * _WARPS,),
+                  (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, ws if ws is not None else np.uint64(0),
+                   as_i32(M), as_i32(N), as_i32(K), as_i32(w.NT), as_i32(w.KT), as_i32(w.group_size),
+                   as_i32(w.NG), as_i32(per)), smem=smem)
+        if splits > 1:
+            rk = kernel("gemm_tc", reduce_variant(kind), dev)
+            pairs = M * N // 2
+            rk.launch((min(-(-pairs // 256), 4096),), (256,),
+                      (ws, bias_arg, y2, as_i32(M), as_i32(N), as_i32(w.NT * 64), as_i32(splits)))
+    return out
+
+
+def _stage_bytes(mb: int) -> int:
+    # kernels_cu/gemm_tc.cu StageLayout: A tile + 4 warps x 4 k16 x 512 B + 2 x 2 groups x 256 columns x 2 B
+    return 16 * mb * 64 * 2 + _WARPS * 4 * 512 + 2 * 2 * 64 * _WARPS * 2
+
+
+_sm_counts: dict = {}
+
+
+def _sm_count(dev: int) -> int:
+    if dev not in _sm_counts:
+        import cupy
+
+        _sm_counts[dev] = cupy.cuda.Device(dev).attributes["MultiProcessorCount"]
+    return _sm_counts[dev]
+
+
+def _overlap(a, b) -> bool:
+    a0, a1 = a.data.ptr, a.data.ptr + a.nbytes
+    b0, b1 = b.data.ptr, b.data.ptr + b.nbytes
+    return a0 < b1 and b0 < a1
+
+
+def dequantize(w, dtype=None, *, out=None):
+    """Dense ``W [K, N]`` of a ``QuantizedWeight``: exactly the values its matmul multiplies
+    (``(q - z) * s`` in the weight's dtype, one rounding). ``dtype`` defaults to (and must equal) ``w.dtype``;
+    for the other dtype use ``w.astype(...)`` first."""
+    import cupy
+
+    from .kernels import dequant_tiles_variant, kernel
+    from .weight import QuantizedWeight
+
+    if not isinstance(w, QuantizedWeight):
+        raise TypeError(f"w must be an awq_cupy.QuantizedWeight, got {type(w).__name__}")
+    kind = w.dtype if dtype is None else dtype_name(dtype)
+    if kind != w.dtype:
+        w = w.astype(kind)
+    with cupy.cuda.Device(w.device):
+        if out is None:
+            out = cupy.empty((w.K, w.N), dtype=numpy_dtype(kind))
+        else:
+            require_cupy(out, "out", w.device)
+            if out.shape != (w.K, w.N) or out.dtype != numpy_dtype(kind) or not out.flags.c_contiguous:
+                raise ValueError(f"out must be a C-contiguous [{w.K}, {w.N}] array of {numpy_dtype(kind)}")
+        total = w.qtiles.size
+        k = kernel("dequant", dequant_tiles_variant(kind), w.device)
+        k.launch((min(-(-total // 256), 1 << 20),), (256,),
+                 (w.qtiles, w.scales, w.zeros, out, as_i32(w.K), as_i32(w.N), as_i32(w.NT), as_i32(w.KT),
+                  as_i32(w.group_size), as_i32(w.NG)))
+    return out
+
+
+def gemm(x, qweight, qzeros, scales, group_size, bias=None, *, out=None):
+    """``matmul`` on raw AutoAWQ ``gemm`` tensors (CuPy arrays). It repacks the weight on every call (a
+    load-time cost); for repeated calls build ``QuantizedWeight.from_gemm`` once and use ``matmul``."""
+    from .weight import QuantizedWeight
+
+    require_cupy(x, "x")
+    kind = "bfloat16" if x.dtype == np.uint16 else activation_dtype(x, "x")
+    K, N, G, _ = _check_packed_gemm(qweight, qzeros, scales, group_size)
+    w = QuantizedWeight.from_gemm(qweight, qzeros, scales, group_size, dtype=kind, device=qweight.device.id)
+    return matmul(x, w, bias=bias, out=out)

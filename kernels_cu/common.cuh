@@ -11,6 +11,7 @@
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
+// AWQ_CUPY_CC = 10 x compute capability of the compile target (like __CUDA_ARCH__), set by awq_cupy.jit.
 #ifndef AWQ_CUPY_CC
 #define AWQ_CUPY_CC 750
 #endif
@@ -56,4 +57,120 @@ template <int LUT> AWQ_DEVICE u32 lop3(u32 a, u32 b, u32 c) {
   u32 d;
   asm volatile("lop3.b32 %0, %1, %2, %3, %4;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c), "n"(LUT));
   return d;
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// int4 -> 16-bit float pairs by the "magic number" trick (FasterTransformer; awq-formats.md §7.1):
+// (x & 0x000f000f) | MAGIC puts nibble slots 0 and 4 into the low mantissa bits of two 16-bit floats whose
+// exponent makes one mantissa ulp equal 1. fp16 MAGIC 0x6400 = 1024.0, bf16 MAGIC 0x4300 = 128.0, so each half
+// becomes MAGIC + q exactly. Subtracting a pre-transformed zero (MAGIC + z) gives q - z exactly.
+// lop3 LUT 0xea = (a & b) | c for the canonical inputs a = 0xf0, b = 0xcc, c = 0xaa.
+// ------------------------------------------------------------------------------------------------------------
+template <typename T> struct Magic;
+template <> struct Magic<__half> { static constexpr u32 pair = 0x64006400u; static constexpr float value = 1024.f; };
+template <> struct Magic<__nv_bfloat16> { static constexpr u32 pair = 0x43004300u; static constexpr float value = 128.f; };
+
+template <typename T> AWQ_DEVICE u32 int4pair_magic(u32 w) {  // slots 0 and 4 of w -> (MAGIC+q0, MAGIC+q4)
+  return lop3<0xea>(w, 0x000f000fu, Magic<T>::pair);
+}
+
+// (q - z) * s on a packed pair, in T arithmetic: the subtraction is exact, the product rounds once.
+template <typename T> AWQ_DEVICE u32 dequant_pair(u32 qmagic, u32 zmagic2, u32 s2);
+template <> AWQ_DEVICE u32 dequant_pair<__half>(u32 q, u32 z, u32 s) {
+  __half2 r = __hmul2(__hsub2(*reinterpret_cast<__half2*>(&q), *reinterpret_cast<__half2*>(&z)),
+                      *reinterpret_cast<__half2*>(&s));
+  return *reinterpret_cast<u32*>(&r);
+}
+template <> AWQ_DEVICE u32 dequant_pair<__nv_bfloat16>(u32 q, u32 z, u32 s) {
+#if AWQ_CUPY_CC >= 800
+  __nv_bfloat162 r = __hmul2(__hsub2(*reinterpret_cast<__nv_bfloat162*>(&q),
+                                     *reinterpret_cast<__nv_bfloat162*>(&z)),
+                             *reinterpret_cast<__nv_bfloat162*>(&s));
+  return *reinterpret_cast<u32*>(&r);
+#else
+  return 0u;  // bf16 kernels are not instantiated below sm_80 (no bf16 mma there)
+#endif
+}
+
+// Broadcast the low / high 16-bit half of a word into both halves.
+AWQ_DEVICE u32 bcast_lo(u32 v) { return __byte_perm(v, v, 0x1010); }
+AWQ_DEVICE u32 bcast_hi(u32 v) { return __byte_perm(v, v, 0x3232); }
+
+// ------------------------------------------------------------------------------------------------------------
+// Shared-memory movement. cp.async (sm_80+) with zero fill: src-size 0 writes 16 zero bytes without reading
+// global memory, which is how tails (rows >= M, k >= K) are masked. On sm_75 a synchronous copy stands in.
+// ------------------------------------------------------------------------------------------------------------
+AWQ_DEVICE u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
+
+AWQ_DEVICE void cp_async16(void* dst, const void* src, bool pred) {
+#if AWQ_CUPY_CC >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(pred ? 16 : 0));
+#else
+  *reinterpret_cast<uint4*>(dst) = pred ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+#endif
+}
+
+// Weights are streamed exactly once: keep them from evicting the activations, which every CTA re-reads from L2.
+AWQ_DEVICE u64 evict_first_policy() {
+  u64 p = 0;
+#if AWQ_CUPY_CC >= 800
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+#endif
+  return p;
+}
+AWQ_DEVICE void cp_async16_stream(void* dst, const void* src, bool pred, u64 policy) {
+#if AWQ_CUPY_CC >= 800
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr(dst)),
+               "l"(src), "r"(pred ? 16 : 0), "l"(policy));
+#else
+  cp_async16(dst, src, pred);
+#endif
+}
+AWQ_DEVICE void cp_async_commit() {
+#if AWQ_CUPY_CC >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int N> AWQ_DEVICE void cp_async_wait() {
+#if AWQ_CUPY_CC >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+// Four 8x8 b16 matrices from shared memory (PTX "ldmatrix"); lane l gives the row address of matrix l / 8.
+AWQ_DEVICE void ldmatrix_x4(u32 (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// D += A(16x16, row) * B(16x8, col), fp32 accumulate. Fragments as in the PTX ISA "mma.m16n8k16" figures:
+// a[0..3] = A rows (g, g+8) x k (2t.., 2t+8..), b[0..1] = B k (2t, 2t+1), (2t+8, 2t+9) at column g,
+// c[0..3] = rows (g, g, g+8, g+8) x columns (2t, 2t+1, 2t, 2t+1), with g = lane / 4 and t = lane % 4.
+// sm_75 has only m16n8k8 (fp16): one k16 step is two k8 steps with (a0, a1; b0) and (a2, a3; b1).
+// ------------------------------------------------------------------------------------------------------------
+template <typename T> AWQ_DEVICE void mma_16816(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1);
+template <> AWQ_DEVICE void mma_16816<__half>(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+#if AWQ_CUPY_CC >= 800
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[0]), "r"(a[1]), "r"(b0));
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a[2]), "r"(a[3]), "r"(b1));
+#endif
+}
+template <> AWQ_DEVICE void mma_16816<__nv_bfloat16>(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+#if AWQ_CUPY_CC >= 800
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }

@@ -46,3 +46,47 @@ __global__ void awq_dequant_gemm_kernel(
     *reinterpret_cast<uint4*>(out + i * 8) = o;
   }
 }
+
+// awq_cupy tile layout (awq_cupy/layout.py) -> dense W [K, N] in T, the exact values the tensor-core kernel
+// feeds to its mma: (q - z) * s with T's own subtraction (exact) and multiplication (one rounding).
+// One thread per tile word (8 codes); launched by awq_cupy.dequantize and the dequantize + cuBLAS path.
+template <typename T>
+__global__ void awq_dequant_tiles_kernel(
+    const u32* __restrict__ qtiles,  // [NT][KT][32][4]
+    const T* __restrict__ scales,    // [NG, Np] permuted
+    const T* __restrict__ zeros,     // [NG, Np] permuted MAGIC + z
+    T* __restrict__ out,             // [K, N]
+    int K, int N, int NT, int KT, int G, int NG) {
+  const long long total = (long long)NT * KT * 128;
+  const int Np = NT * 64;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (long long)gridDim.x * blockDim.x) {
+    const int j = (int)(i & 3), lane = (int)((i >> 2) & 31);
+    const long long rest = i >> 7;
+    const int kt = (int)(rest % KT), nt = (int)(rest / KT);
+    const int r = lane & 3, c = lane >> 2;
+    const u32 w = qtiles[i];
+    const int k0 = 16 * kt + 2 * r;
+    if (k0 >= K) continue;
+    const int g = min(k0 / G, NG - 1);       // k0 .. k0 + 9 share a group (G % 32 == 0 or G == K)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int m = 2 * j + h;                 // fragment column index: n = 64 nt + c + 8 m
+      const int n = 64 * nt + c + 8 * m;
+      if (n >= N) continue;
+      const long long sidx = (long long)g * Np + 64 * nt + 8 * c + m;
+      u32 s = *reinterpret_cast<const unsigned short*>(scales + sidx);
+      u32 z = *reinterpret_cast<const unsigned short*>(zeros + sidx);
+      s |= s << 16; z |= z << 16;
+      const u32 lo = dequant_pair<T>(int4pair_magic<T>(w >> (8 * h)), z, s);      // k0, k0 + 1
+      const u32 hi = dequant_pair<T>(int4pair_magic<T>(w >> (8 * h + 4)), z, s);  // k0 + 8, k0 + 9
+      const unsigned short* lo16 = reinterpret_cast<const unsigned short*>(&lo);
+      const unsigned short* hi16 = reinterpret_cast<const unsigned short*>(&hi);
+      unsigned short* o = reinterpret_cast<unsigned short*>(out);
+      if (k0 < K) o[(long long)k0 * N + n] = lo16[0];
+      if (k0 + 1 < K) o[(long long)(k0 + 1) * N + n] = lo16[1];
+      if (k0 + 8 < K) o[(long long)(k0 + 8) * N + n] = hi16[0];
+      if (k0 + 9 < K) o[(long long)(k0 + 9) * N + n] = hi16[1];
+    }
+  }
+}

@@ -1,0 +1,100 @@
+"""awq_cupy's own weight layout, chosen for the tensor-core kernels (reference implementation, numpy or cupy).
+
+A ``QuantizedWeight`` holds, for ``W[k, n] = (Q[k, n] - Z[g, n]) * S[g, n]`` with ``g = k // G``:
+
+* ``qtiles`` uint32 ``[NT, KT, 32, 4]`` with ``NT = Np / 64``, ``KT = Kp / 16`` and ``Np``, ``Kp`` = N, K rounded
+  up to multiples of 64 (``TILE_N`` and ``K_ALIGN``). Tile ``(nt, kt)`` covers ``k in [16 kt, 16 kt + 16)`` and
+  ``n in [64 nt, 64 nt + 64)`` in 512 contiguous bytes; lane ``l`` of a warp loads its 16 bytes
+  ``qtiles[nt, kt, l]``. With ``r = l % 4``, ``c = l // 4``, word ``j`` holds 8 codes, value ``v`` in nibble slot
+  ``REV[v]``::
+
+      Q[16 kt + 2r + (v & 1) + 8 ((v >> 1) & 1),  64 nt + 16 j + c + 8 (v >> 2)]
+
+  so that the fp16/bf16 "magic number" conversion of ``(w, w >> 4)`` and ``(w >> 8, w >> 12)`` yields exactly
+  the lane's ``mma.m16n8k16`` B fragments of n8 blocks ``2j`` and ``2j + 1`` (Marlin's fragment order, with
+  asymmetric zeros). Tiles are stored n-tile major, so one warp streams its columns' K contiguously.
+  Codes outside ``K x N`` are 0: the kernels zero-fill ``x`` for ``k >= K`` and drop columns ``>= N``.
+* ``scales`` ``[NG, Np]`` in the activation dtype, each 64-column chunk permuted so position ``8c + m`` holds
+  column ``c + 8m`` (lane ``c`` then reads its 8 fragment columns with one 16-byte load); padded columns 0.
+* ``zeros`` ``[NG, Np]``, same permutation, holding ``MAGIC + Z`` as a 16-bit float (1024 + z in fp16,
+  128 + z in bf16; bit pattern ``MAGIC_BITS | z``). Subtracting it from the converted code gives ``q - z``
+  exactly; one multiply by the scale then rounds once.
+
+Everything here is plain array code for tests and documentation; the GPU repack kernel (kernels_cu/repack.cu)
+produces ``qtiles`` without materialising ``Q``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._array import get_xp
+
+TILE_K = 16
+TILE_N = 64
+K_ALIGN = 64            # k per pipeline stage of the GEMM: K is padded to it
+MAGIC_BITS = {"float16": 0x6400, "bfloat16": 0x4300}   # 1024.0 in fp16, 128.0 in bf16: one ulp == 1
+REV = np.array([0, 4, 1, 5, 2, 6, 3, 7])               # value v -> nibble slot
+
+
+def padded_sizes(K: int, N: int) -> tuple[int, int]:
+    """(Kp, Np): K rounded up to K_ALIGN, N rounded up to TILE_N."""
+    return -(-K // K_ALIGN) * K_ALIGN, -(-N // TILE_N) * TILE_N
+
+
+def pack_tiles(Q):
+    """Logical codes ``Q`` uint8 [K, N] -> ``qtiles`` uint32 [NT, KT, 32, 4] (reference for the repack kernel)."""
+    xp = get_xp(Q)
+    K, N = Q.shape
+    Kp, Np = padded_sizes(K, N)
+    Qp = xp.zeros((Kp, Np), dtype=xp.uint32)
+    Qp[:K, :N] = Q
+    KT, NT = Kp // TILE_K, Np // TILE_N
+    # k = 16 kt + 8 f + 2 r + e ; n = 64 nt + 16 j + 8 h + c ; lane = 4 c + r ; value v = 4 h + 2 f + e
+    T = Qp.reshape(KT, 2, 4, 2, NT, 4, 2, 8)                      # kt, f, r, e, nt, j, h, c
+    V = T.transpose(4, 0, 7, 2, 5, 6, 1, 3).reshape(NT, KT, 32, 4, 8)
+    words = xp.zeros((NT, KT, 32, 4), dtype=xp.uint32)
+    for v in range(8):
+        words |= V[..., v] << xp.uint32(4 * int(REV[v]))
+    return words
+
+
+def unpack_tiles(qtiles, K: int, N: int):
+    """Inverse of ``pack_tiles``: uint32 [NT, KT, 32, 4] -> uint8 [K, N]."""
+    xp = get_xp(qtiles)
+    NT, KT = qtiles.shape[:2]
+    shifts = xp.asarray((4 * REV).astype(np.uint32))
+    V = (qtiles[..., None] >> shifts) & xp.uint32(0xF)                 # nt, kt, lane, j, v
+    V = V.reshape(NT, KT, 8, 4, 4, 2, 2, 2)                             # nt, kt, c, r, j, h, f, e
+    Qp = V.transpose(1, 6, 3, 7, 0, 4, 5, 2).reshape(KT * TILE_K, NT * TILE_N)
+    return Qp[:K, :N].astype(xp.uint8)
+
+
+def permute_columns(A, Np: int):
+    """[NG, N] -> [NG, Np]: zero-pad to Np, then in each 64-chunk put column c + 8m at position 8c + m."""
+    xp = get_xp(A)
+    NG, N = A.shape
+    P = xp.zeros((NG, Np), dtype=A.dtype)
+    P[:, :N] = A
+    return xp.ascontiguousarray(P.reshape(NG, Np // 64, 8, 8).transpose(0, 1, 3, 2).reshape(NG, Np))
+
+
+def unpermute_columns(P, N: int):
+    xp = get_xp(P)
+    NG, Np = P.shape
+    return xp.ascontiguousarray(P.reshape(NG, Np // 64, 8, 8).transpose(0, 1, 3, 2).reshape(NG, Np)[:, :N])
+
+
+def float_bits(S32, dtype: str):
+    """float32 array -> uint16 bit patterns of ``dtype`` (float16, or bfloat16 with round-to-nearest-even)."""
+    xp = get_xp(S32)
+    S32 = S32.astype(xp.float32)
+    if dtype == "float16":
+        return S32.astype(xp.float16).view(xp.uint16)
+    u = S32.view(xp.uint32)
+    return ((u + xp.uint32(0x7FFF) + ((u >> xp.uint32(16)) & xp.uint32(1))) >> xp.uint32(16)).astype(xp.uint16)
+
+
+def zero_bits(Z, dtype: str):
+    """Codes Z (0..15) -> uint16 bit patterns of MAGIC + z in ``dtype``."""
+    xp = get_xp(Z)
+    return Z.astype(xp.uint16) | xp.uint16(MAGIC_BITS[dtype])

@@ -1,0 +1,33 @@
+"""Small, odd-shaped calls of every kernel, for compute-sanitizer (memcheck / racecheck) on the GPU machine:
+
+    compute-sanitizer --tool memcheck  --error-exitcode 1 python3 bench/sanitize_cases.py
+    compute-sanitizer --tool racecheck --error-exitcode 1 python3 bench/sanitize_cases.py
+"""
+import numpy as np
+import cupy as cp
+
+import awq_cupy
+from awq_cupy import formats
+
+rng = np.random.default_rng(0)
+for K, N, G, kinds in [(24, 8, -1, ("float16", "bfloat16")), (96, 72, 32, ("float16", "bfloat16")),
+                       (328, 136, -1, ("float16",)), (1024, 520, 128, ("float16", "bfloat16"))]:
+    G = formats.resolve_group_size(G, K)
+    Q = rng.integers(0, 16, (K, N), dtype=np.uint8)
+    Z = rng.integers(0, 16, (K // G, N), dtype=np.uint8)
+    S = rng.uniform(0.01, 0.02, (K // G, N)).astype(np.float16)
+    t = {k: cp.asarray(v) for k, v in formats.pack(Q, Z, S, "gemm", G).items()}
+    for kind in kinds:
+        awq_cupy.dequantize_gemm(t["qweight"], t["qzeros"], t["scales"], G, dtype=kind)
+        w = awq_cupy.QuantizedWeight.from_gemm(t["qweight"], t["qzeros"], t["scales"], G, dtype=kind)
+        awq_cupy.dequantize(w)
+        dt = np.float16 if kind == "float16" else awq_cupy.ops.numpy_dtype("bfloat16")
+        for M in (1, 3, 17, 33, 70):
+            x = cp.asarray(rng.standard_normal((M, K)).astype(np.float32)).astype(cp.float16)
+            if kind == "bfloat16":
+                x = cp.asarray(x.get().astype(np.float32).astype(dt))
+            bias = cp.asarray(rng.standard_normal(N).astype(np.float32).astype(dt))
+            awq_cupy.matmul(x, w, bias=bias)
+            awq_cupy.matmul(x, w, batch_invariant=True)
+cp.cuda.Device().synchronize()
+print("sanitize cases done")

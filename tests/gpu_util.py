@@ -1,0 +1,64 @@
+"""Helpers for the GPU tests: random layers, the exact weight the kernels multiply, and a talking comparison."""
+from __future__ import annotations
+
+import numpy as np
+
+from awq_cupy.formats import resolve_group_size
+
+
+def bf16():
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def np_dtype(kind: str):
+    return np.dtype(np.float16) if kind == "float16" else bf16()
+
+
+def random_layer(rng, K, N, group_size):
+    """Logical (Q, Z, S, G) with realistic fp16 scales (never zero)."""
+    G = resolve_group_size(group_size, K)
+    Q = rng.integers(0, 16, size=(K, N), dtype=np.uint8)
+    Z = rng.integers(0, 16, size=(K // G, N), dtype=np.uint8)
+    S = (rng.uniform(0.002, 0.02, size=(K // G, N)) * rng.choice([-1, 1], size=(K // G, N))).astype(np.float16)
+    return Q, Z, S, G
+
+
+def kernel_weight(Q, Z, S, G, kind):
+    """float64 W [K, N] exactly as the tensor-core kernels see it: T((q - z) * T(s)), one rounding each."""
+    g = np.arange(Q.shape[0]) // G
+    s32 = S.astype(np.float32)
+    if kind == "bfloat16":
+        s32 = s32.astype(bf16()).astype(np.float32)
+    w32 = (Q.astype(np.float32) - Z[g].astype(np.float32)) * s32[g]
+    return w32.astype(np_dtype(kind)).astype(np.float64)
+
+
+def random_x(rng, M, K, kind, scale=1.0):
+    return (rng.standard_normal((M, K)) * scale).astype(np_dtype(kind))
+
+
+def assert_matmul_close(y, x, W64, kind, bias=None, what=""):
+    """y (host, dtype kind) vs float64 x @ W64 (+ bias). Tolerance: one rounding of the output (2^-11 relative
+    for fp16, 2^-8 for bf16) plus fp32 accumulation error (K * 2^-24 * sum|x w|, generous by 8x)."""
+    x64 = x.astype(np.float64)
+    ref = x64 @ W64
+    if bias is not None:
+        ref = ref + bias.astype(np.float64)
+    mag = np.abs(x64) @ np.abs(W64)
+    if bias is not None:
+        mag = mag + np.abs(bias.astype(np.float64))
+    K = x.shape[-1]
+    u = 2.0 ** -11 if kind == "float16" else 2.0 ** -8
+    tol = u * np.abs(ref) + 8 * K * 2.0 ** -24 * mag + 1e-30
+    got = y.astype(np.float64)
+    err = np.abs(got - ref)
+    bad = ~(err <= tol)          # NaN counts as bad
+    if bad.any():
+        idx = np.argwhere(bad)
+        first = [(tuple(i), float(ref[tuple(i)]), float(got[tuple(i)])) for i in idx[:5]]
+        worst = np.unravel_index(np.nanargmax(np.where(np.isnan(err), np.inf, err / tol)), err.shape)
+        raise AssertionError(f"{what}: {bad.sum()} of {bad.size} outputs off; worst at {worst}: "
+                             f"ref={ref[worst]:.6g} got={got[worst]:.6g} tol={tol[worst]:.3g}; "
+                             f"first (index, ref, got): {first}")

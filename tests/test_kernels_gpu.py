@@ -1,0 +1,282 @@
+"""GPU tests of the kernels behind the public API (marker ``gpu``; skipped with a reason without a GPU)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import awq_cupy
+from awq_cupy import formats, layout, reference
+from conftest import FIXTURES
+from gpu_util import assert_matmul_close, kernel_weight, np_dtype, random_layer, random_x
+
+pytestmark = pytest.mark.gpu
+
+cp = pytest.importorskip("cupy")
+
+
+def _gemm_tensors(Q, Z, S, G):
+    return formats.pack(Q, Z, S, "gemm", G)
+
+
+def _weight(Q, Z, S, G, kind):
+    t = _gemm_tensors(Q, Z, S, G)
+    return awq_cupy.QuantizedWeight.from_gemm(t["qweight"], t["qzeros"], t["scales"], G, dtype=kind)
+
+
+def _run(x, w, bias=None, **kw):
+    """matmul into a NaN-poisoned output, so unwritten elements fail."""
+    xg = cp.asarray(x)
+    out = cp.full(x.shape[:-1] + (w.N,), np.nan, dtype=xg.dtype)
+    y = awq_cupy.matmul(xg, w, bias=None if bias is None else cp.asarray(bias), out=out, **kw)
+    assert y is out and y.shape == x.shape[:-1] + (w.N,) and y.dtype == xg.dtype
+    return y.get()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Dequantize kernels
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("K,N,G", [(256, 128, 128), (512, 72, 64), (4096, 1000, 128), (96, 24, -1), (384, 384, 32)])
+@pytest.mark.parametrize("kind", ["float16", "bfloat16"])
+def test_dequantize_gemm_bit_exact(rng, K, N, G, kind):
+    Q, Z, S, G = random_layer(rng, K, N, G)
+    t = _gemm_tensors(Q, Z, S, G)
+    out = cp.full((K, N), np.nan, dtype=np_dtype(kind))
+    got = awq_cupy.dequantize_gemm(cp.asarray(t["qweight"]), cp.asarray(t["qzeros"]), cp.asarray(t["scales"]), G,
+                                   dtype=kind, out=out).get()
+    g = np.arange(K) // G
+    expect = ((Q.astype(np.float32) - Z[g]) * S[g].astype(np.float32)).astype(np_dtype(kind))
+    if kind == "float16":
+        np.testing.assert_array_equal(got.view(np.uint16), reference.dequantize(Q, Z, S, G, np.float16).view(np.uint16))
+    np.testing.assert_array_equal(got.view(np.uint16), expect.view(np.uint16))
+
+
+@pytest.mark.parametrize("K,N,G", [(256, 128, 128), (4096, 1000, 128), (96, 24, -1), (1536, 384, 32)])
+@pytest.mark.parametrize("kind", ["float16", "bfloat16"])
+def test_repack_and_dequantize_tiles_bit_exact(rng, K, N, G, kind):
+    Q, Z, S, G = random_layer(rng, K, N, G)
+    w = _weight(Q, Z, S, G, kind)
+    np.testing.assert_array_equal(w.qtiles.get(), layout.pack_tiles(Q))
+    got = awq_cupy.dequantize(w).get().astype(np.float64)
+    np.testing.assert_array_equal(got, kernel_weight(Q, Z, S, G, kind))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# matmul against the float64 reference
+# ---------------------------------------------------------------------------------------------------------------
+M_ALL = [1, 2, 3, 7, 8, 15, 16, 17, 31, 33, 64, 118, 255, 256, 257, 1024]
+
+
+@pytest.mark.parametrize("M", M_ALL)
+@pytest.mark.parametrize("kind", ["float16", "bfloat16"])
+def test_matmul_all_m(rng, M, kind):
+    K, N, G = 1536, 384, 128
+    Q, Z, S, G = random_layer(rng, K, N, G)
+    w = _weight(Q, Z, S, G, kind)
+    x = random_x(rng, M, K, kind)
+    assert_matmul_close(_run(x, w), x, kernel_weight(Q, Z, S, G, kind), kind, what=f"M={M} {kind}")
+
+
+@pytest.mark.parametrize("K,N", [(4096, 6144), (14336, 4096), (11008, 4096), (384, 1536), (1536, 384), (4096, 1000)])
+@pytest.mark.parametrize("M", [1, 7, 16, 33, 257])
+def test_matmul_model_shapes(rng, K, N, M):
+    kind = "float16"
+    Q, Z, S, G = random_layer(rng, K, N, 128)
+    w = _weight(Q, Z, S, G, kind)
+    x = random_x(rng, M, K, kind)
+    assert_matmul_close(_run(x, w), x, kernel_weight(Q, Z, S, G, kind), kind, what=f"{K}x{N} M={M}")
+
+
+@pytest.mark.parametrize("G", [32, 64, 128, -1])
+@pytest.mark.parametrize("kind", ["float16", "bfloat16"])
+@pytest.mark.parametrize("M", [1, 17, 118])
+def test_matmul_group_sizes(rng, G, kind, M):
+    K, N = 2048, 520
+    Q, Z, S, G = random_layer(rng, K, N, G)
+    w = _weight(Q, Z, S, G, kind)
+    bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
+    x = random_x(rng, M, K, kind)
+    assert_matmul_close(_run(x, w, bias), x, kernel_weight(Q, Z, S, G, kind), kind, bias=bias,
+                        what=f"G={G} {kind} M={M}")
+
+
+@pytest.mark.parametrize("K,N,G", [(24, 8, -1), (40, 16, -1), (96, 24, 32), (200, 8, -1), (8, 64, -1)])
+def test_matmul_tiny_and_odd_shapes(rng, K, N, G):
+    kind = "float16"
+    Q, Z, S, G = random_layer(rng, K, N, G)
+    w = _weight(Q, Z, S, G, kind)
+    for M in (1, 5, 40):
+        x = random_x(rng, M, K, kind)
+        assert_matmul_close(_run(x, w), x, kernel_weight(Q, Z, S, G, kind), kind, what=f"{K}x{N} G={G} M={M}")
+
+
+def test_matmul_batched_leading_dims(rng):
+    Q, Z, S, G = random_layer(rng, 512, 256, 128)
+    w = _weight(Q, Z, S, G, "float16")
+    x = random_x(rng, 2 * 3 * 5, 512, "float16").reshape(2, 3, 5, 512)
+    y = _run(x, w)
+    assert y.shape == (2, 3, 5, 256)
+    assert_matmul_close(y.reshape(30, 256), x.reshape(30, 512), kernel_weight(Q, Z, S, G, "float16"), "float16")
+
+
+def test_large_magnitude_activations_do_not_overflow(rng):
+    K, N = 4096, 512
+    Q, Z, S, G = random_layer(rng, K, N, 128)
+    w = _weight(Q, Z, S, G, "float16")
+    # |x| near the fp16 range: partial products far beyond 65504 must stay in fp32 until the end
+    x = (rng.uniform(-1, 1, (16, K)) * 30000).astype(np.float16)
+    W64 = kernel_weight(Q, Z, S, G, "float16")
+    ref = x.astype(np.float64) @ W64
+    scale = 60000.0 / np.abs(ref).max()
+    x = (x.astype(np.float64) * scale).astype(np.float16)
+    y = _run(x, w)
+    assert np.isfinite(y).all()
+    assert_matmul_close(y, x, W64, "float16", what="large |x|")
+
+
+def test_nan_propagates_to_its_row_only(rng):
+    K, N = 1024, 256
+    Q, Z, S, G = random_layer(rng, K, N, 128)
+    w = _weight(Q, Z, S, G, "float16")
+    for M in (4, 40):
+        x = random_x(rng, M, K, "float16")
+        x[2, 100] = np.nan
+        y = _run(x, w)
+        assert np.isnan(y[2]).all()
+        rest = np.delete(np.arange(M), 2)
+        assert np.isfinite(y[rest]).all()
+        assert_matmul_close(y[rest], x[rest], kernel_weight(Q, Z, S, G, "float16"), "float16")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Checkpoint formats: all four load into the same weight
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("K,N,G", [(512, 256, 128), (1408, 64, 128), (384, 384, 64)])
+def test_all_formats_give_the_same_output(rng, K, N, G):
+    Q, Z, S, G = random_layer(rng, K, N, G)
+    x = cp.asarray(random_x(rng, 9, K, "float16"))
+    outs = {}
+    for fmt in ("gemm", "gemv", "gemv_fast"):
+        t = formats.pack(Q, Z, S, fmt, G)
+        w = awq_cupy.QuantizedWeight.from_checkpoint(t, fmt, G)
+        outs[fmt] = awq_cupy.matmul(x, w).get()
+    np.testing.assert_array_equal(outs["gemv"].view(np.uint16), outs["gemm"].view(np.uint16))
+    np.testing.assert_array_equal(outs["gemv_fast"].view(np.uint16), outs["gemm"].view(np.uint16))
+    if N % 64 == 0 and K % 16 == 0:   # marlin is symmetric: same Q and S with Z = 8
+        Z8 = np.full_like(Z, 8)
+        wm = awq_cupy.QuantizedWeight.from_checkpoint(formats.pack(Q, Z8, S, "marlin", G), "marlin", G)
+        wg = awq_cupy.QuantizedWeight.from_checkpoint(formats.pack(Q, Z8, S, "gemm", G), "gemm", G)
+        np.testing.assert_array_equal(awq_cupy.matmul(x, wm).get().view(np.uint16),
+                                      awq_cupy.matmul(x, wg).get().view(np.uint16))
+
+
+def test_golden_fixtures_through_matmul(rng):
+    index = json.loads((FIXTURES / "index.json").read_text())
+    for entry in index:
+        t = load_file(str(FIXTURES / entry["file"]))
+        K, N, G = entry["in_features"], entry["out_features"], entry["group_size"]
+        packed = {k: v for k, v in t.items() if k in ("qweight", "qzeros", "scales", "bias")}
+        w = awq_cupy.QuantizedWeight.from_checkpoint(packed, entry["format"], G)
+        x = random_x(rng, 5, K, "float16")
+        y = _run(x, w, t["bias"])
+        W64 = t["weight_fake_quant"].astype(np.float64).T
+        if entry["format"] == "gemv_fast":   # stored -s*z is rounded: allow one fp16 ulp per weight
+            W64 = kernel_weight(*formats.unpack(packed, "gemv_fast", K, G), formats.resolve_group_size(G, K),
+                                "float16")
+        assert_matmul_close(y, x, W64, "float16", bias=t["bias"], what=entry["file"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Streams, graphs, batch invariance
+# ---------------------------------------------------------------------------------------------------------------
+def test_cuda_graph_capture_and_replay(rng):
+    K, N = 4096, 1024
+    Q, Z, S, G = random_layer(rng, K, N, 128)
+    w = _weight(Q, Z, S, G, "float16")
+    W64 = kernel_weight(Q, Z, S, G, "float16")
+    for M in (1, 33, 300):
+        x = cp.asarray(random_x(rng, M, K, "float16"))
+        y = cp.full((M, N), np.nan, dtype=cp.float16)
+        awq_cupy.matmul(x, w, out=y)            # warm-up: compiles and loads outside the capture
+        s = cp.cuda.Stream(non_blocking=True)
+        with s:
+            s.begin_capture()
+            awq_cupy.matmul(x, w, out=y)
+            g = s.end_capture()
+        y.fill(np.nan)
+        x_new = random_x(rng, M, K, "float16")
+        x.set(x_new)
+        g.launch(stream=s)
+        s.synchronize()
+        assert_matmul_close(y.get(), x_new, W64, "float16", what=f"graph replay M={M}")
+
+
+def test_runs_on_the_callers_stream(rng):
+    K, N, M = 4096, 2048, 8
+    Q, Z, S, G = random_layer(rng, K, N, 128)
+    w = _weight(Q, Z, S, G, "float16")
+    x_host = random_x(rng, M, K, "float16")
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        x = cp.asarray(x_host)
+        y = awq_cupy.matmul(x, w)
+        s.synchronize()
+        assert_matmul_close(y.get(), x_host, kernel_weight(Q, Z, S, G, "float16"), "float16")
+
+
+def test_batch_invariant_mode(rng):
+    K, N = 8192, 1024
+    Q, Z, S, G = random_layer(rng, K, N, 128)
+    w = _weight(Q, Z, S, G, "float16")
+    x = cp.asarray(random_x(rng, 300, K, "float16"))
+    ref_rows = awq_cupy.matmul(x[:1], w, batch_invariant=True).get()
+    for M in (2, 17, 64, 300):
+        y = awq_cupy.matmul(x[:M], w, batch_invariant=True).get()
+        np.testing.assert_array_equal(y[:1].view(np.uint16), ref_rows.view(np.uint16), err_msg=f"M={M}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bad input
+# ---------------------------------------------------------------------------------------------------------------
+def test_bad_input_errors(rng):
+    Q, Z, S, G = random_layer(rng, 256, 128, 128)
+    w = _weight(Q, Z, S, G, "float16")
+    x = random_x(rng, 4, 256, "float16")
+    with pytest.raises(TypeError, match="cupy.ndarray"):
+        awq_cupy.matmul(x, w)
+    with pytest.raises(TypeError, match="float32"):
+        awq_cupy.matmul(cp.asarray(x.astype(np.float32)), w)
+    with pytest.raises(ValueError, match="K=256"):
+        awq_cupy.matmul(cp.asarray(x[:, :128]), w)
+    with pytest.raises(TypeError, match="astype"):
+        awq_cupy.matmul(cp.asarray(x.astype(np_dtype("bfloat16"))), w)
+    with pytest.raises(TypeError, match="QuantizedWeight"):
+        awq_cupy.matmul(cp.asarray(x), cp.zeros((256, 128), cp.float16))
+    with pytest.raises(ValueError, match="bias"):
+        awq_cupy.matmul(cp.asarray(x), w, bias=cp.zeros(64, cp.float16))
+    with pytest.raises(ValueError, match="group_size=48"):
+        awq_cupy.QuantizedWeight.from_gemm(*[formats.pack(Q[:96], Z[:2], S[:2], "gemm", 48)[k]
+                                             for k in ("qweight", "qzeros", "scales")], 48)
+    xg = cp.asarray(x)
+    with pytest.raises(ValueError, match="overlap"):
+        awq_cupy.matmul(xg, w, out=xg.reshape(-1)[:512].reshape(4, 128))
+    other = cp.cuda.runtime.getDeviceCount() > 1
+    if other:
+        with cp.cuda.Device(1):
+            x1 = cp.asarray(x)
+        with pytest.raises(ValueError, match="GPU"):
+            awq_cupy.matmul(x1, w)
+
+
+def test_non_contiguous_x_is_copied_and_m0_is_empty(rng):
+    Q, Z, S, G = random_layer(rng, 256, 128, 128)
+    w = _weight(Q, Z, S, G, "float16")
+    big = random_x(rng, 8, 512, "float16")
+    x = cp.asarray(big)[:, ::2]                 # strided view
+    assert not x.flags.c_contiguous
+    y = awq_cupy.matmul(x, w).get()
+    assert_matmul_close(y, big[:, ::2], kernel_weight(Q, Z, S, G, "float16"), "float16")
+    e = awq_cupy.matmul(cp.zeros((0, 256), cp.float16), w)
+    assert e.shape == (0, 128)

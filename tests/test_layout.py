@@ -1,0 +1,81 @@
+"""The tensor-core tile layout (awq_cupy/layout.py), checked on the CPU against the mma fragment definition."""
+import numpy as np
+import pytest
+
+from awq_cupy import layout
+
+
+def _fragment_values(word):
+    """What the kernel's magic-number conversion extracts from one word, in its order:
+    (w, w>>4, w>>8, w>>12) -> low/high halves = slots (0,4), (1,5), (2,6), (3,7)."""
+    pairs = []
+    for sh in (0, 4, 8, 12):
+        v = word >> sh
+        pairs.append((v & 0xF, (v >> 16) & 0xF))
+    return pairs
+
+
+@pytest.mark.parametrize("K,N", [(64, 64), (48, 72), (136, 200)])
+def test_tiles_hold_mma_b_fragments(rng, K, N):
+    Q = rng.integers(0, 16, size=(K, N), dtype=np.uint8)
+    tiles = layout.pack_tiles(Q)
+    Kp, Np = layout.padded_sizes(K, N)
+    assert tiles.shape == (Np // 64, Kp // 16, 32, 4) and tiles.dtype == np.uint32
+    Qp = np.zeros((Kp, Np), np.uint8)
+    Qp[:K, :N] = Q
+    checked = 0
+    for nt in range(Np // 64):
+        for kt in range(Kp // 16):
+            for lane in range(32):
+                r, c = lane % 4, lane // 4
+                for j in range(4):
+                    (b0a, b0b), (b1a, b1b), (b2a, b2b), (b3a, b3b) = _fragment_values(int(tiles[nt, kt, lane, j]))
+                    k0 = 16 * kt + 2 * r
+                    for h, (lo, hi) in enumerate((((b0a, b0b), (b1a, b1b)), ((b2a, b2b), (b3a, b3b)))):
+                        n = 64 * nt + 16 * j + 8 * h + c       # n8 block 2j + h, fragment column c
+                        # b0 = B[k0, k0+1][n], b1 = B[k0+8, k0+9][n]  (PTX mma.m16n8k16 B fragment)
+                        assert (lo[0], lo[1]) == (Qp[k0, n], Qp[k0 + 1, n])
+                        assert (hi[0], hi[1]) == (Qp[k0 + 8, n], Qp[k0 + 9, n])
+                        checked += 1
+    assert checked == (Np // 64) * (Kp // 16) * 32 * 4 * 2
+
+
+@pytest.mark.parametrize("K,N", [(64, 64), (24, 8), (4096, 1000), (11008, 128)])
+def test_pack_unpack_tiles_round_trip(rng, K, N):
+    Q = rng.integers(0, 16, size=(K, N), dtype=np.uint8)
+    tiles = layout.pack_tiles(Q)
+    np.testing.assert_array_equal(layout.unpack_tiles(tiles, K, N), Q)
+    # padding holds code 0
+    full = layout.unpack_tiles(tiles, *layout.padded_sizes(K, N))
+    assert not full[K:].any() and not full[:, N:].any()
+
+
+def test_column_permutation(rng):
+    A = rng.standard_normal((3, 200)).astype(np.float16)
+    P = layout.permute_columns(A, 256)
+    assert P.shape == (3, 256)
+    for c in range(8):
+        for m in range(8):
+            for chunk in range(4):
+                n = 64 * chunk + c + 8 * m
+                expect = A[:, n] if n < 200 else 0
+                np.testing.assert_array_equal(P[:, 64 * chunk + 8 * c + m], expect)
+    np.testing.assert_array_equal(layout.unpermute_columns(P, 200), A)
+
+
+def test_magic_zero_bits_are_exact():
+    import ml_dtypes
+
+    Z = np.arange(16, dtype=np.uint8)
+    expect = np.arange(16, dtype=np.float32)
+    np.testing.assert_array_equal(layout.zero_bits(Z, "float16").view(np.float16).astype(np.float32), 1024 + expect)
+    bf = layout.zero_bits(Z, "bfloat16").view(ml_dtypes.bfloat16).astype(np.float32)
+    np.testing.assert_array_equal(bf, 128 + expect)
+
+
+def test_float_bits_bf16_matches_ml_dtypes(rng):
+    import ml_dtypes
+
+    x = (rng.standard_normal(10000) * 10.0 ** rng.integers(-8, 8, 10000)).astype(np.float32)
+    ours = layout.float_bits(x, "bfloat16")
+    np.testing.assert_array_equal(ours, x.astype(ml_dtypes.bfloat16).view(np.uint16))
