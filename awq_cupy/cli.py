@@ -38,8 +38,32 @@ def _cmd_compile(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    print("python -m awq_cupy bench is not built yet (planned: the benchmark issue).", file=sys.stderr)
-    return 2
+    from .bench import main as bench_main
+
+    return bench_main(args)
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        vals = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not vals or any(v <= 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return vals
+
+
+def _shape_list(text: str) -> list[tuple[int, int]]:
+    out = []
+    for item in text.split(","):
+        try:
+            K, N = (int(v) for v in item.lower().split("x"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"shapes are KxN pairs like 4096x6144, got {item!r}") from None
+        if K <= 0 or N <= 0 or K % 8 or N % 8:
+            raise argparse.ArgumentTypeError(f"shape {item!r}: K and N must be positive multiples of 8")
+        out.append((K, N))
+    return out
 
 
 def main(argv=None) -> int:
@@ -53,7 +77,22 @@ def main(argv=None) -> int:
                    help=f"comma-separated archs (default: all of {','.join(ARCHS)})")
     c.add_argument("--family", default=None, help="comma-separated kernel families (default: all)")
     c.set_defaults(func=_cmd_compile)
-    b = sub.add_parser("bench", help="benchmark against cuBLAS fp16 on the GPU")
+    from .bench import CONTENDERS, MODELS
+
+    b = sub.add_parser("bench", help="benchmark against cuBLAS fp16 on the GPU (the project's main job)")
+    b.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["mistral-7b", "llama-2-70b"],
+                   help="model layer sets (default: both)")
+    b.add_argument("--shapes", type=_shape_list, default=None, help="custom layers instead, e.g. 4096x6144,14336x4096")
+    b.add_argument("--m", type=_int_list, default=None, help="comma-separated M values (default 1..4096)")
+    b.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
+    b.add_argument("--bf16", dest="dtype", action="store_const", const="bfloat16", help="same as --dtype bfloat16")
+    b.add_argument("--group-size", type=int, default=128)
+    b.add_argument("--trials", type=int, default=5)
+    b.add_argument("--rotate-mb", type=int, default=512, help="MB of weight copies rotated per contender")
+    b.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
+    b.add_argument("--quick", action="store_true", help="Mistral-7B, M in 1,16,64,256,1024, 3 trials (~1 minute)")
+    b.add_argument("--json", default="bench_results.json", help="where to write the JSON results")
+    b.add_argument("--plot", default="bench_results.png", help="where to write the PNG plot (needs matplotlib)")
     b.set_defaults(func=_cmd_bench)
     args = p.parse_args(argv)
     return args.func(args)

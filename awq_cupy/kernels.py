@@ -54,7 +54,23 @@ def _gemm_variants(arch: Arch) -> tuple[str, ...]:
 
 GEMM_TC = KernelFamily("gemm_tc", "gemm_tc.cu", _gemm_variants, hot=True)
 
-FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (DEQUANT, REPACK, GEMM_TC)}
+# Swapped-operand tensor-core GEMV for M <= 32: token blocks of 8 per mma.
+GEMV_TOKEN_BLOCKS = (1, 2, 4)
+GEMV_WARPS = 8
+
+
+def gemv_variant(dtype: str, token_blocks: int) -> str:
+    return f"awq_gemv_tc_kernel<{CTYPE[dtype]}, {token_blocks}>"
+
+
+GEMV_TC = KernelFamily("gemv_tc", "gemv_tc.cu",
+                       lambda arch: tuple(gemv_variant(d, nb) for d in gemm_dtypes(arch) for nb in GEMV_TOKEN_BLOCKS),
+                       hot=True)
+
+BENCH_UTIL = KernelFamily("bench_util", "bench_util.cu", lambda arch: ("awq_spin_kernel", "awq_touch_kernel"),
+                         hot=False)
+
+FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (DEQUANT, REPACK, GEMM_TC, GEMV_TC, BENCH_UTIL)}
 
 
 def dequant_variant(out_dtype: str, scale_dtype: str) -> str:

@@ -199,16 +199,17 @@ def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
     not overlap ``x``. Returns ``y [..., N]`` of x's dtype; M = 0 rows give an empty result.
 
     Runs on the caller's current CuPy stream without synchronising, and is capturable in a CUDA graph (under
-    capture pass ``out=`` and keep it alive with the graph). Dispatch: the tensor-core kernel for every M
-    (16, 32 or 64-row tiles), with split-K over a private fp32 workspace reduced in a fixed order.
+    capture pass ``out=`` and keep it alive with the graph). Dispatch by M: M <= 32 runs the swapped-operand
+    tensor-core GEMV (kernels_cu/gemv_tc.cu; exact (q - z) in the mma, scales applied to fp32 group sums for
+    M <= 8); larger M runs the tensor-core GEMM (kernels_cu/gemm_tc.cu; (q - z) * s rounded once in x's dtype).
+    Split-K partial sums are fp32 and are added in a fixed order.
 
-    Batch invariance: a row's result depends on M only through the split-K count, which depends on M; with
-    ``batch_invariant=True`` the split count is chosen from (K, N) alone, so every row's output is bitwise
-    independent of the other rows and of M.
+    Batch invariance: by default a row's result can depend on M (the kernel and its split-K count are chosen
+    from M). With ``batch_invariant=True`` one kernel with a split count chosen from (K, N) alone runs for every
+    M, so each row's output is bitwise independent of the other rows and of M.
     """
     import cupy
 
-    from .kernels import gemm_stages, gemm_variant, kernel, reduce_variant
     from .jit import arch_of_device
     from .weight import QuantizedWeight
 
@@ -251,28 +252,101 @@ def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
 
     dev = w.device
     arch = arch_of_device(dev)
+    sm_count = _sm_count(dev)
+    bias_arg = bias if bias is not None else _NULL
+    with cupy.cuda.Device(dev):
+        if M <= GEMV_MAX_M and not batch_invariant:
+            _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count)
+        else:
+            _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant)
+    return out
+
+
+_NULL = np.uint64(0)      # a null pointer argument
+GEMV_MAX_M = 32           # M up to which the swapped-operand GEMV kernel runs (token blocks of 8)
+
+
+def rounds_weights(M: int, batch_invariant: bool = False) -> bool:
+    """Whether matmul at this M multiplies x by the weights rounded to x's dtype, T((q - z) * s) (like
+    ``dequantize``), or by the exact (q - z) * s with the scale applied to fp32 group sums (the M <= 8 GEMV)."""
+    return batch_invariant or M > 8
+
+
+def plan_gemv_splits(NT: int, steps: int, slots: int, token_blocks: int) -> int:
+    """k-splits S for the GEMV grid (NT x S CTAs of 8 warps): minimise waves x per-warp rounds of the register
+    ring (kernels_cu/gemv_tc.cu), ties to the smaller S. Depends on (K, N) and the GPU only, not on M."""
+    from .kernels import GEMV_WARPS
+
+    ring = 6 if token_blocks == 1 else 4
+    best, best_cost = 1, None
+    for S in range(1, 17):
+        per_split = -(-steps // S)
+        if S > 1 and per_split < GEMV_WARPS:
+            break
+        waves = -(-NT * S // slots)
+        rounds = -(-(-(-per_split // GEMV_WARPS)) // ring)
+        cost = waves * rounds
+        if best_cost is None or cost < best_cost:
+            best, best_cost = S, cost
+    return best
+
+
+def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count):
+    from .kernels import GEMV_WARPS, gemv_variant, kernel
+
+    nb = 1 if M <= 8 else 2 if M <= 16 else 4
+    steps = -(-w.K // 16)
+    slots = sm_count * (2 if nb <= 2 else 1)
+    S = plan_gemv_splits(w.NT, steps, slots, nb)
+    per = -(-steps // S)
+    S = -(-steps // per)
+    k = kernel("gemv_tc", gemv_variant(kind, nb), w.device)
+    smem = GEMV_WARPS * 64 * 8 * nb * 4
+    if S > 1:
+        ws = _workspace(S * M * w.NT * 64, w.device)
+        counters = _counters(w.NT, w.device)
+    else:
+        ws = counters = _NULL
+    k.launch((w.NT, S), (32 * GEMV_WARPS,),
+             (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, ws, counters, as_i32(M), as_i32(w.N), as_i32(w.K),
+              as_i32(w.NT), as_i32(w.KT), as_i32(w.group_size), as_i32(w.NG), as_i32(per)), smem=smem)
+
+
+def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant):
+    from .kernels import gemm_stages, gemm_variant, kernel, reduce_variant
+
     mb = _mblocks(M)
     m_tiles = -(-M // (16 * mb))
     n_ctas = -(-w.NT // _WARPS)
     k_stages = w.KT // 4
-    sm_count = _sm_count(dev)
     splits, per = plan_splits(k_stages, n_ctas, 1 if batch_invariant else m_tiles, sm_count=sm_count)
     stages = gemm_stages(arch)
     smem = stages * _stage_bytes(mb)
-    gk = kernel("gemm_tc", gemm_variant(kind, mb, stages), dev)
-    bias_arg = bias if bias is not None else np.uint64(0)
-    with cupy.cuda.Device(dev):
-        ws = _workspace(splits * M * w.NT * 64, dev) if splits > 1 else None
-        gk.launch((n_ctas, splits, m_tiles), (32 * _WARPS,),
-                  (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, ws if ws is not None else np.uint64(0),
-                   as_i32(M), as_i32(N), as_i32(K), as_i32(w.NT), as_i32(w.KT), as_i32(w.group_size),
-                   as_i32(w.NG), as_i32(per)), smem=smem)
-        if splits > 1:
-            rk = kernel("gemm_tc", reduce_variant(kind), dev)
-            pairs = M * N // 2
-            rk.launch((min(-(-pairs // 256), 4096),), (256,),
-                      (ws, bias_arg, y2, as_i32(M), as_i32(N), as_i32(w.NT * 64), as_i32(splits)))
-    return out
+    gk = kernel("gemm_tc", gemm_variant(kind, mb, stages), w.device)
+    ws = _workspace(splits * M * w.NT * 64, w.device) if splits > 1 else _NULL
+    gk.launch((n_ctas, splits, m_tiles), (32 * _WARPS,),
+              (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, ws, as_i32(M), as_i32(w.N), as_i32(w.K),
+               as_i32(w.NT), as_i32(w.KT), as_i32(w.group_size), as_i32(w.NG), as_i32(per)), smem=smem)
+    if splits > 1:
+        rk = kernel("gemm_tc", reduce_variant(kind), w.device)
+        pairs = M * w.N // 2
+        rk.launch((min(-(-pairs // 256), 4096),), (256,),
+                  (ws, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(w.NT * 64), as_i32(splits)))
+
+
+_counter_bufs: dict = {}
+
+
+def _counters(n: int, device_id: int):
+    """Zeroed int32 arrival counters for split-K CTAs, private to (device, current stream), never freed (the
+    kernels leave them at zero; see ``_workspace`` for why nothing here is ever released)."""
+    import cupy
+
+    key = (device_id, cupy.cuda.get_current_stream().ptr)
+    bufs = _counter_bufs.setdefault(key, [])
+    if not bufs or bufs[-1].size < n:
+        bufs.append(cupy.zeros(max(n, 4096), dtype=cupy.int32))
+    return bufs[-1]
 
 
 def _stage_bytes(mb: int) -> int:

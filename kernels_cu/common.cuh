@@ -92,6 +92,21 @@ template <> AWQ_DEVICE u32 dequant_pair<__nv_bfloat16>(u32 q, u32 z, u32 s) {
 #endif
 }
 
+// q - z on a packed pair (exact: both are MAGIC + small integer).
+template <typename T> AWQ_DEVICE u32 hsub2_bits(u32 qmagic, u32 zmagic2);
+template <> AWQ_DEVICE u32 hsub2_bits<__half>(u32 q, u32 z) {
+  __half2 r = __hsub2(*reinterpret_cast<__half2*>(&q), *reinterpret_cast<__half2*>(&z));
+  return *reinterpret_cast<u32*>(&r);
+}
+template <> AWQ_DEVICE u32 hsub2_bits<__nv_bfloat16>(u32 q, u32 z) {
+#if AWQ_CUPY_CC >= 800
+  __nv_bfloat162 r = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&q), *reinterpret_cast<__nv_bfloat162*>(&z));
+  return *reinterpret_cast<u32*>(&r);
+#else
+  return 0u;
+#endif
+}
+
 // Broadcast the low / high 16-bit half of a word into both halves.
 AWQ_DEVICE u32 bcast_lo(u32 v) { return __byte_perm(v, v, 0x1010); }
 AWQ_DEVICE u32 bcast_hi(u32 v) { return __byte_perm(v, v, 0x3232); }
@@ -173,4 +188,16 @@ template <> AWQ_DEVICE void mma_16816<__nv_bfloat16>(float (&c)[4], const u32 (&
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #endif
+}
+
+// 16-byte streaming load for data read exactly once (weights): no L1 allocation, L2 evict-first.
+AWQ_DEVICE uint4 ldg_stream16(const uint4* p, u64 policy) {
+  uint4 v;
+#if AWQ_CUPY_CC >= 800
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(policy));
+#else
+  v = __ldg(p);
+#endif
+  return v;
 }

@@ -25,14 +25,22 @@ def random_layer(rng, K, N, group_size):
     return Q, Z, S, G
 
 
-def kernel_weight(Q, Z, S, G, kind):
-    """float64 W [K, N] exactly as the tensor-core kernels see it: T((q - z) * T(s)), one rounding each."""
+def kernel_weight(Q, Z, S, G, kind, rounded=True):
+    """float64 W [K, N] exactly as the kernels see it: T((q - z) * T(s)) with one rounding each, or with
+    ``rounded=False`` the unrounded (q - z) * T(s) (the M <= 8 GEMV applies scales to fp32 sums)."""
     g = np.arange(Q.shape[0]) // G
     s32 = S.astype(np.float32)
     if kind == "bfloat16":
         s32 = s32.astype(bf16()).astype(np.float32)
     w32 = (Q.astype(np.float32) - Z[g].astype(np.float32)) * s32[g]
-    return w32.astype(np_dtype(kind)).astype(np.float64)
+    return (w32.astype(np_dtype(kind)) if rounded else w32).astype(np.float64)
+
+
+def matmul_weight(Q, Z, S, G, kind, M, batch_invariant=False):
+    """The weight matmul multiplies by at this M (see awq_cupy.ops.rounds_weights)."""
+    from awq_cupy.ops import rounds_weights
+
+    return kernel_weight(Q, Z, S, G, kind, rounded=rounds_weights(M, batch_invariant))
 
 
 def random_x(rng, M, K, kind, scale=1.0):

@@ -10,7 +10,7 @@ from safetensors.numpy import load_file
 import awq_cupy
 from awq_cupy import formats, layout, reference
 from conftest import FIXTURES
-from gpu_util import assert_matmul_close, kernel_weight, np_dtype, random_layer, random_x
+from gpu_util import assert_matmul_close, kernel_weight, matmul_weight, np_dtype, random_layer, random_x
 
 pytestmark = pytest.mark.gpu
 
@@ -76,7 +76,7 @@ def test_matmul_all_m(rng, M, kind):
     Q, Z, S, G = random_layer(rng, K, N, G)
     w = _weight(Q, Z, S, G, kind)
     x = random_x(rng, M, K, kind)
-    assert_matmul_close(_run(x, w), x, kernel_weight(Q, Z, S, G, kind), kind, what=f"M={M} {kind}")
+    assert_matmul_close(_run(x, w), x, matmul_weight(Q, Z, S, G, kind, M), kind, what=f"M={M} {kind}")
 
 
 @pytest.mark.parametrize("K,N", [(4096, 6144), (14336, 4096), (11008, 4096), (384, 1536), (1536, 384), (4096, 1000)])
@@ -86,7 +86,7 @@ def test_matmul_model_shapes(rng, K, N, M):
     Q, Z, S, G = random_layer(rng, K, N, 128)
     w = _weight(Q, Z, S, G, kind)
     x = random_x(rng, M, K, kind)
-    assert_matmul_close(_run(x, w), x, kernel_weight(Q, Z, S, G, kind), kind, what=f"{K}x{N} M={M}")
+    assert_matmul_close(_run(x, w), x, matmul_weight(Q, Z, S, G, kind, M), kind, what=f"{K}x{N} M={M}")
 
 
 @pytest.mark.parametrize("G", [32, 64, 128, -1])
@@ -98,7 +98,7 @@ def test_matmul_group_sizes(rng, G, kind, M):
     w = _weight(Q, Z, S, G, kind)
     bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
     x = random_x(rng, M, K, kind)
-    assert_matmul_close(_run(x, w, bias), x, kernel_weight(Q, Z, S, G, kind), kind, bias=bias,
+    assert_matmul_close(_run(x, w, bias), x, matmul_weight(Q, Z, S, G, kind, M), kind, bias=bias,
                         what=f"G={G} {kind} M={M}")
 
 
@@ -109,7 +109,7 @@ def test_matmul_tiny_and_odd_shapes(rng, K, N, G):
     w = _weight(Q, Z, S, G, kind)
     for M in (1, 5, 40):
         x = random_x(rng, M, K, kind)
-        assert_matmul_close(_run(x, w), x, kernel_weight(Q, Z, S, G, kind), kind, what=f"{K}x{N} G={G} M={M}")
+        assert_matmul_close(_run(x, w), x, matmul_weight(Q, Z, S, G, kind, M), kind, what=f"{K}x{N} G={G} M={M}")
 
 
 def test_matmul_batched_leading_dims(rng):
@@ -118,7 +118,7 @@ def test_matmul_batched_leading_dims(rng):
     x = random_x(rng, 2 * 3 * 5, 512, "float16").reshape(2, 3, 5, 512)
     y = _run(x, w)
     assert y.shape == (2, 3, 5, 256)
-    assert_matmul_close(y.reshape(30, 256), x.reshape(30, 512), kernel_weight(Q, Z, S, G, "float16"), "float16")
+    assert_matmul_close(y.reshape(30, 256), x.reshape(30, 512), matmul_weight(Q, Z, S, G, "float16", 30), "float16")
 
 
 def test_large_magnitude_activations_do_not_overflow(rng):
@@ -127,7 +127,7 @@ def test_large_magnitude_activations_do_not_overflow(rng):
     w = _weight(Q, Z, S, G, "float16")
     # |x| near the fp16 range: partial products far beyond 65504 must stay in fp32 until the end
     x = (rng.uniform(-1, 1, (16, K)) * 30000).astype(np.float16)
-    W64 = kernel_weight(Q, Z, S, G, "float16")
+    W64 = matmul_weight(Q, Z, S, G, "float16", 16)
     ref = x.astype(np.float64) @ W64
     scale = 60000.0 / np.abs(ref).max()
     x = (x.astype(np.float64) * scale).astype(np.float16)
@@ -147,7 +147,7 @@ def test_nan_propagates_to_its_row_only(rng):
         assert np.isnan(y[2]).all()
         rest = np.delete(np.arange(M), 2)
         assert np.isfinite(y[rest]).all()
-        assert_matmul_close(y[rest], x[rest], kernel_weight(Q, Z, S, G, "float16"), "float16")
+        assert_matmul_close(y[rest], x[rest], matmul_weight(Q, Z, S, G, "float16", M), "float16")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -181,10 +181,12 @@ def test_golden_fixtures_through_matmul(rng):
         w = awq_cupy.QuantizedWeight.from_checkpoint(packed, entry["format"], G)
         x = random_x(rng, 5, K, "float16")
         y = _run(x, w, t["bias"])
-        W64 = t["weight_fake_quant"].astype(np.float64).T
-        if entry["format"] == "gemv_fast":   # stored -s*z is rounded: allow one fp16 ulp per weight
-            W64 = kernel_weight(*formats.unpack(packed, "gemv_fast", K, G), formats.resolve_group_size(G, K),
-                                "float16")
+        Q, Z, S = formats.unpack(packed, entry["format"], K, G)
+        Gr = formats.resolve_group_size(G, K)
+        if entry["format"] != "gemv_fast":   # gemv_fast stores -s*z rounded, so its fake-quant differs by 1 ulp
+            np.testing.assert_array_equal(kernel_weight(Q, Z, S, Gr, "float16"),
+                                          t["weight_fake_quant"].astype(np.float64).T)
+        W64 = matmul_weight(Q, Z, S, Gr, "float16", 5)
         assert_matmul_close(y, x, W64, "float16", bias=t["bias"], what=entry["file"])
 
 
@@ -195,8 +197,8 @@ def test_cuda_graph_capture_and_replay(rng):
     K, N = 4096, 1024
     Q, Z, S, G = random_layer(rng, K, N, 128)
     w = _weight(Q, Z, S, G, "float16")
-    W64 = kernel_weight(Q, Z, S, G, "float16")
     for M in (1, 33, 300):
+        W64 = matmul_weight(Q, Z, S, G, "float16", M)
         x = cp.asarray(random_x(rng, M, K, "float16"))
         y = cp.full((M, N), np.nan, dtype=cp.float16)
         awq_cupy.matmul(x, w, out=y)            # warm-up: compiles and loads outside the capture
@@ -223,7 +225,7 @@ def test_runs_on_the_callers_stream(rng):
         x = cp.asarray(x_host)
         y = awq_cupy.matmul(x, w)
         s.synchronize()
-        assert_matmul_close(y.get(), x_host, kernel_weight(Q, Z, S, G, "float16"), "float16")
+        assert_matmul_close(y.get(), x_host, matmul_weight(Q, Z, S, G, "float16", M), "float16")
 
 
 def test_batch_invariant_mode(rng):
@@ -277,6 +279,6 @@ def test_non_contiguous_x_is_copied_and_m0_is_empty(rng):
     x = cp.asarray(big)[:, ::2]                 # strided view
     assert not x.flags.c_contiguous
     y = awq_cupy.matmul(x, w).get()
-    assert_matmul_close(y, big[:, ::2], kernel_weight(Q, Z, S, G, "float16"), "float16")
+    assert_matmul_close(y, big[:, ::2], matmul_weight(Q, Z, S, G, "float16", 8), "float16")
     e = awq_cupy.matmul(cp.zeros((0, 256), cp.float16), w)
     assert e.shape == (0, 128)
