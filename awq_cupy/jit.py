@@ -411,12 +411,13 @@ def compile_family(family: KernelFamily, arch: Arch | str) -> CompiledFamily:
 class Kernel:
     """A loaded CUDA function of one device. ``launch`` uses the caller's current CuPy stream."""
 
-    __slots__ = ("name", "family", "device_id", "_func", "_smem_set", "resources")
+    __slots__ = ("name", "family", "device_id", "_func", "_smem_set", "resources", "_occupancy")
 
     def __init__(self, name: str, family: str, device_id: int, func, resources: Resources | None):
         self.name, self.family, self.device_id, self._func = name, family, device_id, func
         self.resources = resources
         self._smem_set = 0
+        self._occupancy = {}
 
     def _ensure_dynamic_smem(self, nbytes: int) -> None:
         if nbytes > 48 * 1024 and nbytes > self._smem_set:
@@ -425,6 +426,18 @@ class Kernel:
             driver.funcSetAttribute(self._func.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                     nbytes)
             self._smem_set = nbytes
+
+    def resident_blocks(self, threads: int, smem: int) -> int:
+        """CTAs of this kernel one SM holds at once (CUDA occupancy calculator), cached per (threads, smem)."""
+        key = (threads, smem)
+        n = self._occupancy.get(key)
+        if n is None:
+            from cupy_backends.cuda.api import driver
+
+            self._ensure_dynamic_smem(smem)
+            n = self._occupancy[key] = max(1, driver.occupancyMaxActiveBlocksPerMultiprocessor(
+                self._func.ptr, threads, smem))
+        return n
 
     def launch(self, grid: tuple, block: tuple, args: tuple, smem: int = 0) -> None:
         for a in args:  # CuPy passes Python ints as int64 and floats as float64: demand explicit widths

@@ -272,44 +272,38 @@ def rounds_weights(M: int, batch_invariant: bool = False) -> bool:
     return batch_invariant or M > 8
 
 
-def plan_gemv_splits(NT: int, steps: int, slots: int, token_blocks: int) -> int:
-    """k-splits S for the GEMV grid (NT x S CTAs of 8 warps): minimise waves x per-warp rounds of the register
-    ring (kernels_cu/gemv_tc.cu), ties to the smaller S. Depends on (K, N) and the GPU only, not on M."""
-    from .kernels import GEMV_WARPS
+GEMV_MIN_STEPS = 4        # fewest k16 steps a GEMV warp streams (below this, fewer warps)
 
-    ring = 6 if token_blocks == 1 else 4
-    best, best_cost = 1, None
-    for S in range(1, 17):
-        per_split = -(-steps // S)
-        if S > 1 and per_split < GEMV_WARPS:
-            break
-        waves = -(-NT * S // slots)
-        rounds = -(-(-(-per_split // GEMV_WARPS)) // ring)
-        cost = waves * rounds
-        if best_cost is None or cost < best_cost:
-            best, best_cost = S, cost
-    return best
+
+def plan_gemv(NT: int, steps: int, resident_ctas: int, warps_per_cta: int) -> tuple[int, int]:
+    """(grid CTAs, steps per warp) for the striped GEMV: the NT x steps k16 steps are cut into equal runs,
+    one per warp of a grid that fills the GPU's resident capacity once (fewer warps when runs would be shorter
+    than GEMV_MIN_STEPS). Depends on (K, N) and the GPU, not on M."""
+    total = NT * steps
+    warps = max(1, min(resident_ctas * warps_per_cta, -(-total // GEMV_MIN_STEPS)))
+    L = -(-total // warps)
+    grid = -(-(-(-total // L)) // warps_per_cta)
+    return grid, L
 
 
 def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count):
-    from .kernels import GEMV_WARPS, gemv_variant, kernel
+    from .jit import arch_of_device
+    from .kernels import GEMV_WARPS, gemv_depth, gemv_smem_bytes, gemv_variant, kernel
 
     nb = 1 if M <= 8 else 2 if M <= 16 else 4
+    arch = arch_of_device(w.device)
+    depth = gemv_depth(arch, nb)
+    smem = gemv_smem_bytes(nb, depth)
+    k = kernel("gemv_tc", gemv_variant(kind, nb, depth), w.device)
     steps = -(-w.K // 16)
-    slots = sm_count * (2 if nb <= 2 else 1)
-    S = plan_gemv_splits(w.NT, steps, slots, nb)
-    per = -(-steps // S)
-    S = -(-steps // per)
-    k = kernel("gemv_tc", gemv_variant(kind, nb), w.device)
-    smem = GEMV_WARPS * 64 * 8 * nb * 4
-    if S > 1:
-        ws = _workspace(S * M * w.NT * 64, w.device)
-        counters = _counters(w.NT, w.device)
-    else:
-        ws = counters = _NULL
-    k.launch((w.NT, S), (32 * GEMV_WARPS,),
+    grid, L = plan_gemv(w.NT, steps, k.resident_blocks(32 * GEMV_WARPS, smem) * sm_count, GEMV_WARPS)
+    max_contrib = -(-steps // L) + 1
+    ws = _workspace(max_contrib * M * w.NT * 64, w.device)
+    counters = _counters(w.NT, w.device)
+    k.launch((grid,), (32 * GEMV_WARPS,),
              (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, ws, counters, as_i32(M), as_i32(w.N), as_i32(w.K),
-              as_i32(w.NT), as_i32(w.KT), as_i32(w.group_size), as_i32(w.NG), as_i32(per)), smem=smem)
+              as_i32(w.NT), as_i32(w.KT), as_i32(w.group_size), as_i32(w.NG), as_i32(steps), as_i32(L)),
+             smem=smem)
 
 
 def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant):
