@@ -93,6 +93,6 @@ def main(argv=None) -> int:
     b.add_argument("--quick", action="store_true", help="Mistral-7B, M in 1,16,64,256,1024, 3 trials (~1 minute)")
     b.add_argument("--json", default="bench_results.json", help="where to write the JSON results")
     b.add_argument("--plot", default="bench_results.png", help="where to write the PNG plot (needs matplotlib)")
-    b.set_defaults(func=_cmd_bench)
+    b.set_defaults(func=lambda a: _cmd_bench(a))
     args = p.parse_args(argv)
     return args.func(args)

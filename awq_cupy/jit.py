@@ -307,6 +307,8 @@ def _read_cached(key: str) -> CompiledFamily | None:
         cubin = (d / "kernel.cubin").read_bytes()
     except (OSError, ValueError):
         return None
+    if not isinstance(meta, dict):
+        return None
     # A corrupted or foreign entry is a miss, never an error: it is recompiled and overwritten.
     if meta.get("key") != key or not cubin.startswith(b"\x7fELF") or len(cubin) != meta.get("cubin_size"):
         return None
@@ -314,7 +316,7 @@ def _read_cached(key: str) -> CompiledFamily | None:
         resources = {k: Resources(**v) for k, v in meta["resources"].items()}
         return CompiledFamily(key, meta["family"], meta["arch"], cubin, dict(meta["lowered"]), resources,
                               meta.get("log", ""), float(meta.get("seconds", 0.0)), from_cache=True)
-    except (KeyError, TypeError):
+    except (KeyError, TypeError, AttributeError, ValueError):
         return None
 
 

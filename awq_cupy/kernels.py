@@ -103,6 +103,9 @@ def compile_all(archs=None, families=None, *, log=None):
     from .jit import ARCHS, compile_family
 
     archs = list(ARCHS) if archs is None else list(archs)
+    unknown = [f for f in (families or ()) if f not in FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown kernel family {unknown[0]!r}; supported: {', '.join(FAMILIES)}")
     fams = [FAMILIES[f] for f in (families or FAMILIES)]
     rows = []
     for a in archs:

@@ -297,12 +297,11 @@ def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count):
     k = kernel("gemv_tc", gemv_variant(kind, nb, depth), w.device)
     steps = -(-w.K // 16)
     grid, L = plan_gemv(w.NT, steps, k.resident_blocks(32 * GEMV_WARPS, smem) * sm_count, GEMV_WARPS)
-    max_contrib = -(-steps // L) + 1
-    ws = _workspace(max_contrib * M * w.NT * 64, w.device)
+    accum = _zeroed_f32(M * w.NT * 64, w.device)
     counters = _counters(w.NT, w.device)
     k.launch((grid,), (32 * GEMV_WARPS,),
-             (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, ws, counters, as_i32(M), as_i32(w.N), as_i32(w.K),
-              as_i32(w.NT), as_i32(w.KT), as_i32(w.group_size), as_i32(w.NG), as_i32(steps), as_i32(L)),
+             (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, accum, counters, as_i32(M), as_i32(w.N),
+              as_i32(w.K), as_i32(w.NT), as_i32(w.KT), as_i32(w.group_size), as_i32(w.NG), as_i32(steps), as_i32(L)),
              smem=smem)
 
 
@@ -328,19 +327,27 @@ def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant):
                   (ws, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(w.NT * 64), as_i32(splits)))
 
 
-_counter_bufs: dict = {}
+_zeroed_bufs: dict = {}
+
+
+def _zeroed(n: int, dtype, device_id: int):
+    """A zero-initialised scratch buffer private to (device, current stream, dtype) that the kernels leave at
+    zero after each launch (arrival counters, fp32 accumulators). Never freed: see ``_workspace``."""
+    import cupy
+
+    key = (device_id, cupy.cuda.get_current_stream().ptr, np.dtype(dtype).str)
+    bufs = _zeroed_bufs.setdefault(key, [])
+    if not bufs or bufs[-1].size < n:
+        bufs.append(cupy.zeros(max(n, 4096), dtype=dtype))
+    return bufs[-1]
 
 
 def _counters(n: int, device_id: int):
-    """Zeroed int32 arrival counters for split-K CTAs, private to (device, current stream), never freed (the
-    kernels leave them at zero; see ``_workspace`` for why nothing here is ever released)."""
-    import cupy
+    return _zeroed(n, np.int32, device_id)
 
-    key = (device_id, cupy.cuda.get_current_stream().ptr)
-    bufs = _counter_bufs.setdefault(key, [])
-    if not bufs or bufs[-1].size < n:
-        bufs.append(cupy.zeros(max(n, 4096), dtype=cupy.int32))
-    return bufs[-1]
+
+def _zeroed_f32(n: int, device_id: int):
+    return _zeroed(n, np.float32, device_id)
 
 
 def _stage_bytes(mb: int) -> int:

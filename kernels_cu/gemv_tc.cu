@@ -8,14 +8,16 @@
 // 16j + c (rows g) and 16j + c + 8 (rows g + 8) at k (2r, 2r+1), (2r+8, 2r+9).
 //
 // Operands: as gemm_tc.cu (x T [M, K], 16-byte aligned rows; qtiles uint4 [NT][KT][32]; scales/zeros T [NG, Np]
-// permuted; bias T [N] or null; y T [M, N]); ws float [C, M, Np] partial sums of n-tiles shared by C warps;
-// counters int [NT], zero between launches (the last contributor of an n-tile resets its counter).
+// permuted; bias T [N] or null; y T [M, N]); accum float [M, Np] and counters int [NT], both zero between
+// launches (the last contributor of an n-tile resets them).
 //
 // Work split ("stripes", after Marlin's striped partitioning, at warp level): the NT x steps k16 steps of the
 // whole problem, n-tile major, are cut into equal contiguous runs of L steps, one per warp of the grid (the
 // grid is sized to the GPU's resident capacity), so every warp streams the same number of bytes whatever the
-// shape. A run that covers a whole n-tile writes y directly; n-tiles shared by C warps get C fp32 partials that
-// the last arriving warp (atomic counter) sums in a fixed order: deterministic, one rounding.
+// shape. A run that covers a whole n-tile writes y directly; warps sharing an n-tile add their fp32 sums into
+// accum (red.global.add) and the last to arrive (atomic counter) rounds the total once. The order of those fp32
+// additions is not fixed, so results may differ run to run by fp32 rounding (matmul(batch_invariant=True)
+// takes the deterministic GEMM path).
 // Memory pipeline: each warp owns a D-deep ring in shared memory; per k16 step every lane cp.asyncs its own
 // 16-byte weight word (evict-first) and the warp copies the step's x rows (8 NB tokens x 16 k) for ldmatrix.
 // No block barrier in the main loop: a lane reads back its own weight copy after cp.async.wait_group, and
@@ -37,14 +39,14 @@ AWQ_DEVICE void ldmatrix_x2(u32& r0, u32& r1, const void* p) {
 // Dynamic shared memory: KW * D * (512 + 8 NB * 32) bytes (weight words + x rows of every warp's ring); the
 // Python side computes the same number (awq_cupy.kernels.gemv_smem_bytes).
 template <typename T, int NB, int D>
-__global__ void __launch_bounds__(32 * awq_gemv::KW, NB == 4 ? 1 : 2) awq_gemv_tc_kernel(
+__global__ void __launch_bounds__(32 * awq_gemv::KW, NB == 1 ? 2 : 1) awq_gemv_tc_kernel(
     const T* __restrict__ x,          // [M, K] activations
     const uint4* __restrict__ qtiles, // [NT][KT][32] weight tiles
     const T* __restrict__ scales,     // [NG, Np] permuted scales
     const T* __restrict__ zeros,      // [NG, Np] permuted MAGIC + z
     const T* __restrict__ bias,       // [N] or nullptr
     T* __restrict__ y,                // [M, N]
-    float* __restrict__ ws,           // [C, M, Np] partials of shared n-tiles
+    float* __restrict__ accum,        // [M, Np] fp32 sums of shared n-tiles (zero between launches)
     int* __restrict__ counters,       // [NT] arrival counters (zero between launches)
     int M, int N, int K,              // problem size
     int NT, int KT,                   // n-tiles, k16 tiles per n-tile (padded)
@@ -166,7 +168,8 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, NB == 4 ? 1 : 2) awq_gemv_t
           }
       return;
     }
-    const long long slot = gw - first;
+    // Shared n-tile: add this run's sums into the fp32 accumulator (fire-and-forget reductions in L2); the
+    // last of the n-tile's contributors converts the total once and leaves the accumulator at zero again.
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -174,7 +177,7 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, NB == 4 ? 1 : 2) awq_gemv_t
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int ch = 16 * j + g8 + 8 * (e >> 1), tok = 8 * nb + kofs + (e & 1);
-          if (tok < mlim) ws[(slot * M + tok) * Np + nt * 64 + ch] = acc[j][nb][e];
+          if (tok < mlim) atomicAdd(accum + (long long)tok * Np + nt * 64 + ch, acc[j][nb][e]);
         }
     __threadfence();
     __syncwarp();
@@ -183,13 +186,13 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, NB == 4 ? 1 : 2) awq_gemv_t
     is_last = __shfl_sync(0xffffffffu, is_last, 0);
     if (!is_last) return;
     __threadfence();
+#pragma unroll 4
     for (int i = lane; i < 64 * mlim; i += 32) {
       const int tok = i >> 6, ch = i & 63, n = nt * 64 + ch;
-      if (n >= N) continue;
-      float v = 0.f;
-      for (int c = 0; c < ncontrib; ++c) v += __ldcg(ws + ((long long)c * M + tok) * Np + n);
-      if (bias != nullptr) v += Traits<T>::to_float(bias[n]);
-      y[(long long)tok * N + n] = Traits<T>::from_float(v);
+      float* a = accum + (long long)tok * Np + n;
+      const float v = __ldcg(a);
+      __stcg(a, 0.f);
+      if (n < N) y[(long long)tok * N + n] = Traits<T>::from_float(bias != nullptr ? v + Traits<T>::to_float(bias[n]) : v);
     }
     if (lane == 0) counters[nt] = 0;   // ready for the next launch (stream-ordered)
   };

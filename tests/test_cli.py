@@ -1,0 +1,137 @@
+"""``python -m awq_cupy`` as a user runs it: a subprocess of this interpreter with its own cache folder."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from awq_cupy import jit, kernels
+from awq_cupy._array import gpu_available
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args, cache: Path, timeout=300):
+    env = dict(os.environ, AWQ_CUPY_CACHE_DIR=str(cache))
+    env.pop("AWQ_CUPY_DISABLE_CACHE", None)
+    return subprocess.run([sys.executable, "-m", "awq_cupy", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def table_rows(stdout: str):
+    """The compile table's rows as dicts; the header must name the columns."""
+    lines = [ln for ln in stdout.splitlines() if ln.strip()]
+    assert lines, "no output"
+    assert lines[0].split() == ["family", "arch", "regs", "spill", "st/ld", "stack", "smem", "variant"], lines[0]
+    rows = []
+    for ln in lines[1:]:
+        family, arch, regs, spills, stack, smem, variant = ln.split(None, 6)
+        stores, loads = spills.split("/")
+        rows.append(dict(family=family, arch=arch, regs=int(regs), spill_stores=int(stores), spill_loads=int(loads),
+                         stack=int(stack), smem=int(smem), variant=variant))
+    return rows
+
+
+def test_compile_one_family_prints_a_table(tmp_path):
+    r = run_cli("compile", "--arch", "90", "--family", "dequant", cache=tmp_path / "cache")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = table_rows(r.stdout)
+    assert [row["variant"] for row in rows] == list(kernels.DEQUANT.variants(jit.ARCHS["90"]))
+    for row in rows:
+        assert row["family"] == "dequant" and row["arch"] == "sm_90"
+        assert row["regs"] > 0 and row["spill_stores"] == row["spill_loads"] == 0
+    assert f"{len(rows)} kernel variants compiled, 0 problems" in r.stderr
+    assert any((tmp_path / "cache").glob("*/kernel.cubin")), "the CLI compile must fill the cache folder"
+
+    again = run_cli("compile", "--arch", "90", "--family", "dequant", cache=tmp_path / "cache")
+    assert again.returncode == 0 and table_rows(again.stdout) == rows
+    assert "(cache)" in again.stderr
+
+
+def test_compile_two_archs_and_families(tmp_path):
+    r = run_cli("compile", "--arch", "75,86", "--family", "repack,dequant", cache=tmp_path / "cache")
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = {(row["family"], row["arch"], row["variant"]) for row in table_rows(r.stdout)}
+    want = {(f.name, jit.ARCHS[a].target, v) for a in ("75", "86") for f in (kernels.REPACK, kernels.DEQUANT)
+            for v in f.variants(jit.ARCHS[a])}
+    assert got == want
+
+
+@pytest.mark.parametrize("arch", ["61", "100", "sm_90"])
+def test_compile_unknown_arch_exits_2(tmp_path, arch):
+    r = run_cli("compile", "--arch", arch, cache=tmp_path / "cache")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"unknown arch '{arch}'" in r.stderr
+    assert "supported: 75, 80, 86, 89, 90, 90a" in r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+@pytest.mark.skipif(gpu_available(), reason="a GPU is present: bench would run the whole benchmark")
+def test_bench_without_gpu_fails_cleanly(tmp_path):
+    r = run_cli("bench", cache=tmp_path / "cache")
+    assert r.returncode != 0
+    assert "Traceback" not in r.stdout + r.stderr
+    assert r.stderr.strip(), "bench must say why it did not run"
+
+
+def test_help(tmp_path):
+    r = run_cli("--help", cache=tmp_path / "cache")
+    assert r.returncode == 0, r.stderr
+    assert "compile" in r.stdout and "bench" in r.stdout
+    c = run_cli("compile", "--help", cache=tmp_path / "cache")
+    assert c.returncode == 0 and "--arch" in c.stdout and "--family" in c.stdout
+    assert not (tmp_path / "cache").exists(), "--help must not compile"
+
+
+def test_no_command_is_a_usage_error(tmp_path):
+    r = run_cli(cache=tmp_path / "cache")
+    assert r.returncode == 2 and "usage:" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_compile_unknown_family_exits_2(tmp_path):
+    r = run_cli("compile", "--arch", "90", "--family", "nope", cache=tmp_path / "cache")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "unknown kernel family 'nope'" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(gpu_available(), reason="a GPU is present: bench would run")
+def test_bench_without_gpu_says_so(tmp_path):
+    r = run_cli("bench", "--quick", cache=tmp_path / "cache")
+    assert r.returncode == 2
+    assert "needs a CUDA GPU" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--m", "0,1"], "expected positive integers"),
+    (["--m", "a"], "expected comma-separated integers"),
+    (["--shapes", "4096x6"], "multiples of 8"),
+    (["--shapes", "4096"], "KxN pairs"),
+    (["--dtype", "float32"], "invalid choice"),
+    (["--models", "gpt2"], "invalid choice"),
+    (["--contenders", "torch"], "invalid choice"),
+])
+def test_bench_rejects_bad_arguments(tmp_path, args, message):
+    r = run_cli("bench", *args, cache=tmp_path / "cache")
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_bench_arguments_parse():
+    from awq_cupy import cli
+
+    captured = {}
+
+    def fake(args):
+        captured.update(vars(args))
+        return 0
+
+    real = cli._cmd_bench
+    cli._cmd_bench = fake
+    try:
+        assert cli.main(["bench", "--m", "1,16", "--shapes", "4096x6144,14336x4096", "--bf16", "--quick",
+                         "--group-size", "64", "--json", "r.json"]) == 0
+    finally:
+        cli._cmd_bench = real
+    assert captured["m"] == [1, 16] and captured["shapes"] == [(4096, 6144), (14336, 4096)]
+    assert captured["dtype"] == "bfloat16" and captured["quick"] and captured["group_size"] == 64
+    assert captured["json"] == "r.json"

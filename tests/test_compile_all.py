@@ -1,0 +1,131 @@
+"""Every kernel family x every arch of ``jit.ARCHS`` compiles with NVRTC on CPU, with its resources in bounds.
+
+One ``kernels.compile_all()`` per test session (about 15 s on 2 cores) into a fresh cache folder; the tests then
+read its rows and the in-memory ``CompiledFamily`` objects.
+"""
+import re
+
+import pytest
+
+from awq_cupy import jit, kernels
+from awq_cupy.ops import _stage_bytes
+
+_PLAIN_C_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class Compiled:
+    def __init__(self, rows, families):
+        self.rows = rows            # compile_all's rows
+        self.families = families    # (family name, arch key) -> CompiledFamily
+
+    def row(self, family, arch, variant):
+        found = [r for r in self.rows if (r["family"], r["arch"], r["variant"]) == (family, arch, variant)]
+        assert len(found) == 1, f"{family} {variant} on {arch}: {len(found)} rows"
+        return found[0]
+
+
+@pytest.fixture(scope="session")
+def compiled(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AWQ_CUPY_CACHE_DIR", str(tmp_path_factory.mktemp("compile_all_cache")))
+        mp.delenv("AWQ_CUPY_DISABLE_CACHE", raising=False)
+        mp.setattr(jit, "_compiled", {})
+        rows = kernels.compile_all()
+        families = {(f.name, a.key): jit.compile_family(f, a)
+                    for a in jit.ARCHS.values() for f in kernels.FAMILIES.values() if f.supports(a)}
+    return Compiled(rows, families)
+
+
+def _targets():
+    return [(f, a) for a in jit.ARCHS.values() for f in kernels.FAMILIES.values() if f.supports(a)]
+
+
+def test_every_variant_compiled(compiled):
+    expected = {(f.name, a.target, v) for f, a in _targets() for v in f.variants(a)}
+    got = [(r["family"], r["arch"], r["variant"]) for r in compiled.rows]
+    assert len(got) == len(set(got)), "duplicate rows"
+    assert set(got) == expected, (sorted(expected - set(got)), sorted(set(got) - expected))
+    for arch in ("75", "80", "86", "89", "90"):
+        assert {f for f, a in _targets() if a.key == arch} == set(kernels.FAMILIES.values()), arch
+
+
+@pytest.mark.parametrize("family,arch", [(f.name, a.key) for f, a in _targets()])
+def test_lowered_names_resolve(compiled, family, arch):
+    c = compiled.families[(family, arch)]
+    fam = kernels.FAMILIES[family]
+    assert c.cubin.startswith(b"\x7fELF") and c.arch == jit.ARCHS[arch].target
+    assert list(c.lowered) == list(fam.variants(jit.ARCHS[arch]))
+    for variant, symbol in c.lowered.items():
+        assert symbol, variant
+        assert symbol.startswith("_Z") or _PLAIN_C_NAME.fullmatch(symbol), (variant, symbol)
+        if "<" in variant:
+            assert symbol.startswith("_Z"), (variant, symbol)     # a template instantiation is mangled
+        assert symbol.encode() + b"\0" in c.cubin, f"{symbol} ({variant}) is not in the cubin's symbols"
+        assert variant in c.resources, f"no ptxas report for {variant}"
+
+
+def test_hot_kernels_do_not_spill(compiled):
+    spills = [f"{r['variant']} on {r['arch']}: {r['spill_stores']} B stores, {r['spill_loads']} B loads, "
+              f"{r['stack_frame']} B stack" for r in compiled.rows
+              if r["hot"] and (r["spill_stores"] or r["spill_loads"])]
+    assert not spills, "\n".join(spills)
+
+
+def test_resources_within_arch_limits(compiled):
+    for r in compiled.rows:
+        arch = next(a for a in jit.ARCHS.values() if a.target == r["arch"])
+        assert r["smem_limit"] == arch.smem_optin
+        assert 0 <= r["static_smem"] <= arch.smem_optin, r
+        assert 0 < r["registers"] <= 255, r
+
+
+@pytest.mark.parametrize("arch", [a.key for a in jit.ARCHS.values() if kernels.GEMM_TC.supports(a)])
+def test_gemm_tc_shared_memory_fits(compiled, arch):
+    """The dynamic smem ops.matmul asks for, plus the kernel's static smem, fits the arch's opt-in limit."""
+    a = jit.ARCHS[arch]
+    stages = kernels.gemm_stages(a)
+    for dtype in kernels.gemm_dtypes(a):
+        for mb in kernels.GEMM_MBLOCKS:
+            variant = kernels.gemm_variant(dtype, mb, stages)
+            static = compiled.row("gemm_tc", a.target, variant)["static_smem"]
+            dynamic = _stage_bytes(mb) * stages
+            assert dynamic + static <= a.smem_optin, (f"{variant} on {a.target}: {dynamic} B dynamic + {static} B "
+                                                      f"static > {a.smem_optin} B")
+
+
+def test_bf16_tensor_core_variants_only_from_sm80(compiled):
+    for a in jit.ARCHS.values():
+        if a.arch_specific:
+            continue
+        names = set(compiled.families[("gemm_tc", a.key)].lowered) | set(compiled.families[("dequant", a.key)].lowered)
+        bf16 = {kernels.gemm_variant("bfloat16", mb, kernels.gemm_stages(a)) for mb in kernels.GEMM_MBLOCKS}
+        bf16 |= {kernels.reduce_variant("bfloat16"), kernels.dequant_tiles_variant("bfloat16")}
+        fp16 = {kernels.gemm_variant("float16", mb, kernels.gemm_stages(a)) for mb in kernels.GEMM_MBLOCKS}
+        fp16 |= {kernels.reduce_variant("float16"), kernels.dequant_tiles_variant("float16")}
+        assert fp16 <= names, (a.target, sorted(fp16 - names))
+        if a.cc >= 80:
+            assert bf16 <= names, (a.target, sorted(bf16 - names))
+        else:
+            assert not bf16 & names, (a.target, sorted(bf16 & names))
+            tc = [n for n in compiled.families[("gemm_tc", a.key)].lowered if "bfloat16" in n]
+            assert not tc, (a.target, tc)
+
+
+def test_compile_all_rejects_unknown_arch():
+    with pytest.raises(ValueError, match="unknown arch '61'"):
+        kernels.compile_all(["61"])
+
+
+def test_second_compile_all_reads_the_disk_cache(tmp_path, monkeypatch):
+    """A new process (empty memory cache) over the same cache folder compiles nothing."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("AWQ_CUPY_CACHE_DIR", str(cache))
+    monkeypatch.setattr(jit, "_compiled", {})
+    first = kernels.compile_all(["86"], ["dequant"])
+    assert not any(r["cached"] for r in first)
+    monkeypatch.setattr(jit, "_compiled", {})
+    calls = []
+    monkeypatch.setattr(jit, "_nvrtc_compile", lambda *a, **k: calls.append(a) or pytest.fail("recompiled"))
+    second = kernels.compile_all(["86"], ["dequant"])
+    assert all(r["cached"] for r in second) and not calls
+    assert [dict(r, cached=None) for r in first] == [dict(r, cached=None) for r in second]

@@ -1,0 +1,509 @@
+"""The kernel runtime (awq_cupy.jit) on CPU: compile cache, cache keys, corrupted entries, threads, errors,
+the ptxas report parser, the arch table, source inlining and launch-argument checks.
+
+A tiny kernel family is compiled for real with NVRTC (no GPU needed) from a kernel folder in tmp_path, with the
+disk cache in tmp_path and an empty in-memory cache per test.
+"""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from awq_cupy import jit
+
+REPO = Path(__file__).resolve().parent.parent
+
+HEADER = """\
+// tiny common.cuh for the runtime tests
+#pragma once
+#include <cuda_fp16.h>
+template <int SCALE> __device__ __forceinline__ float scaled(float v) { return SCALE * v; }
+"""
+
+TINY = """\
+// tiny.cu: y[i] = SCALE * x[i]
+#include "common.cuh"
+template <int SCALE>
+__global__ void tiny_kernel(const float* __restrict__ x, float* __restrict__ y, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = scaled<SCALE>(x[i]);
+}
+"""
+
+BROKEN = """\
+#include "common.cuh"
+template <int SCALE>
+__global__ void tiny_kernel(float* y) { y[0] = undeclared_name * SCALE; }
+"""
+
+TINY_VARIANTS = ("tiny_kernel<1>", "tiny_kernel<2>")
+
+
+def tiny_family(name="tiny", source="tiny.cu", defines=()):
+    return jit.KernelFamily(name, source, lambda arch: TINY_VARIANTS, hot=True, defines=tuple(defines))
+
+
+class Env:
+    """The test's kernel folder, cache folder and a counter of real NVRTC compiles."""
+
+    def __init__(self, kernel_dir: Path, cache: Path):
+        self.kernel_dir, self.cache = kernel_dir, cache
+        self.compiles = 0
+        self.delay = 0.0
+
+    def entry(self, key: str) -> Path:
+        return self.cache / key
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    kdir = tmp_path / "kernels"
+    kdir.mkdir()
+    (kdir / "common.cuh").write_text(HEADER)
+    (kdir / "tiny.cu").write_text(TINY)
+    e = Env(kdir, tmp_path / "cache")
+    monkeypatch.setattr(jit, "_kernel_dir", lambda: kdir)
+    monkeypatch.setenv("AWQ_CUPY_CACHE_DIR", str(e.cache))
+    monkeypatch.delenv("AWQ_CUPY_DISABLE_CACHE", raising=False)
+    monkeypatch.setattr(jit, "_compiled", {})     # an empty memory cache; the real one is restored afterwards
+    real = jit._nvrtc_compile
+
+    def counting(*args, **kwargs):
+        e.compiles += 1
+        if e.delay:
+            time.sleep(e.delay)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jit, "_nvrtc_compile", counting)
+    return e
+
+
+def forget_memory():
+    """What a new process sees: nothing compiled in memory (the disk cache stays)."""
+    jit._compiled.clear()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# compile once, then memory, then disk
+# ----------------------------------------------------------------------------------------------------------
+def test_compiles_once_then_memory_then_disk(env):
+    fam = tiny_family()
+    c1 = jit.compile_family(fam, "90")
+    assert env.compiles == 1
+    assert not c1.from_cache
+    assert c1.cubin.startswith(b"\x7fELF")
+    assert sorted(c1.lowered) == sorted(TINY_VARIANTS)
+    assert set(c1.resources) == set(TINY_VARIANTS), c1.log
+    assert all(r.registers > 0 for r in c1.resources.values())
+
+    assert jit.compile_family(fam, "90") is c1          # same process: the memory cache
+    assert env.compiles == 1
+
+    entry = env.entry(c1.key)
+    assert sorted(p.name for p in entry.iterdir()) == ["kernel.cu", "kernel.cubin", "meta.json"]
+    meta = json.loads((entry / "meta.json").read_text())
+    assert meta["key"] == c1.key and meta["cubin_size"] == len(c1.cubin)
+    assert "#include" not in (entry / "kernel.cu").read_text().replace("#include <cuda_fp16.h>", "")
+
+    forget_memory()                                      # a "new process": read from disk, NVRTC not called
+    c2 = jit.compile_family(fam, jit.ARCHS["90"])
+    assert env.compiles == 1
+    assert c2.from_cache
+    assert c2 is not c1
+    assert (c2.key, c2.cubin, c2.lowered, c2.resources) == (c1.key, c1.cubin, c1.lowered, c1.resources)
+    assert jit.compile_family(fam, "90") is c2
+
+
+# ----------------------------------------------------------------------------------------------------------
+# what the cache key covers
+# ----------------------------------------------------------------------------------------------------------
+def _edit_header(env, monkeypatch):
+    (env.kernel_dir / "common.cuh").write_text(HEADER + "// edited\n")
+    return tiny_family(), "90"
+
+
+def _edit_source(env, monkeypatch):
+    (env.kernel_dir / "tiny.cu").write_text(TINY + "// edited\n")
+    return tiny_family(), "90"
+
+
+def _add_define(env, monkeypatch):
+    return tiny_family(defines=(("AWQ_TEST_FLAG", "1"),)), "90"
+
+
+def _other_arch(env, monkeypatch):
+    return tiny_family(), "80"
+
+
+def _other_nvrtc(env, monkeypatch):
+    monkeypatch.setattr(jit, "nvrtc_version", lambda: (99, 9))
+    return tiny_family(), "90"
+
+
+@pytest.mark.parametrize("change", [_edit_header, _edit_source, _add_define, _other_arch, _other_nvrtc],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_key_changes_with(env, monkeypatch, change):
+    base = jit.compile_family(tiny_family(), "90").key
+    fam, arch = change(env, monkeypatch)
+    forget_memory()
+    c = jit.compile_family(fam, arch)
+    assert c.key != base
+    assert env.compiles == 2 and not c.from_cache, "a changed key must miss the cache and compile"
+    assert env.entry(base).is_dir() and env.entry(c.key).is_dir()
+
+
+def test_key_ignores_the_include_dir_but_not_other_options():
+    fam, arch = tiny_family(), jit.ARCHS["90"]
+    opts = ["-arch=sm_90", "--std=c++17", "-I/usr/local/cuda/include", "-DAWQ_CUPY_CC=900"]
+    key = jit._family_key(fam, arch, TINY, opts, TINY_VARIANTS, (13, 0))
+    moved = ["-I/opt/elsewhere/include" if o.startswith("-I") else o for o in opts]
+    assert jit._family_key(fam, arch, TINY, moved, TINY_VARIANTS, (13, 0)) == key
+    assert jit._family_key(fam, arch, TINY, opts + ["-DX=1"], TINY_VARIANTS, (13, 0)) != key
+    assert jit._family_key(fam, arch, TINY, opts, TINY_VARIANTS[:1], (13, 0)) != key
+    assert jit._family_key(fam, arch, TINY, opts, TINY_VARIANTS, (13, 1)) != key
+
+
+def test_compile_options_carry_arch_and_defines():
+    fam = tiny_family(defines=(("AWQ_TEST_FLAG", "3"),))
+    opts = jit.compile_options(fam, jit.ARCHS["86"])
+    assert "-arch=sm_86" in opts and "-DAWQ_CUPY_CC=860" in opts and "-DAWQ_TEST_FLAG=3" in opts
+    assert "--ptxas-options=-v" in opts
+    assert jit.compile_options(fam, jit.ARCHS["90a"])[0] == "-arch=sm_90a"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# corrupted entries are misses, recompiled and rewritten
+# ----------------------------------------------------------------------------------------------------------
+def _truncate_cubin(d: Path):
+    b = (d / "kernel.cubin").read_bytes()
+    (d / "kernel.cubin").write_bytes(b[: len(b) // 2])
+
+
+def _empty_cubin(d: Path):
+    (d / "kernel.cubin").write_bytes(b"")
+
+
+def _not_elf(d: Path):
+    b = (d / "kernel.cubin").read_bytes()
+    (d / "kernel.cubin").write_bytes(b"XXXX" + b[4:])
+
+
+def _bad_json(d: Path):
+    (d / "meta.json").write_text('{"key": "trunc')
+
+
+def _wrong_key(d: Path):
+    meta = json.loads((d / "meta.json").read_text())
+    meta["key"] = "0" * len(meta["key"])
+    (d / "meta.json").write_text(json.dumps(meta))
+
+
+def _missing_resources(d: Path):
+    meta = json.loads((d / "meta.json").read_text())
+    del meta["resources"]
+    (d / "meta.json").write_text(json.dumps(meta))
+
+
+def _no_cubin(d: Path):
+    (d / "kernel.cubin").unlink()
+
+
+def _meta_not_a_dict(d: Path):
+    (d / "meta.json").write_text("[]")
+
+
+def _resources_a_list(d: Path):
+    meta = json.loads((d / "meta.json").read_text())
+    meta["resources"] = [1, 2]
+    (d / "meta.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("corrupt", [_truncate_cubin, _empty_cubin, _not_elf, _bad_json, _wrong_key,
+                                     _missing_resources, _no_cubin, _meta_not_a_dict, _resources_a_list], ids=lambda f: f.__name__.strip("_"))
+def test_corrupted_entry_is_recompiled_and_rewritten(env, corrupt):
+    fam = tiny_family()
+    good = jit.compile_family(fam, "90")
+    entry = env.entry(good.key)
+    corrupt(entry)
+    forget_memory()
+    again = jit.compile_family(fam, "90")
+    assert env.compiles == 2, "a corrupted entry must be a miss"
+    assert not again.from_cache
+    assert again.lowered == good.lowered
+    meta = json.loads((entry / "meta.json").read_text())
+    cubin = (entry / "kernel.cubin").read_bytes()
+    assert meta["key"] == good.key and meta["cubin_size"] == len(cubin) and cubin.startswith(b"\x7fELF")
+    forget_memory()
+    assert jit.compile_family(fam, "90").from_cache     # the rewritten entry is good again
+    assert env.compiles == 2
+
+
+# ----------------------------------------------------------------------------------------------------------
+# AWQ_CUPY_DISABLE_CACHE
+# ----------------------------------------------------------------------------------------------------------
+def test_disable_cache_writes_nothing(env, monkeypatch):
+    monkeypatch.setenv("AWQ_CUPY_DISABLE_CACHE", "1")
+    fam = tiny_family()
+    c = jit.compile_family(fam, "90")
+    assert not c.from_cache and c.cubin.startswith(b"\x7fELF")
+    assert not env.cache.exists() or not any(env.cache.rglob("*")), sorted(env.cache.rglob("*"))
+    forget_memory()
+    jit.compile_family(fam, "90")
+    assert env.compiles == 2
+
+
+def test_disable_cache_does_not_read_existing_entries(env, monkeypatch):
+    fam = tiny_family()
+    c = jit.compile_family(fam, "90")
+    mtime = (env.entry(c.key) / "meta.json").stat().st_mtime_ns
+    monkeypatch.setenv("AWQ_CUPY_DISABLE_CACHE", "1")
+    forget_memory()
+    again = jit.compile_family(fam, "90")
+    assert env.compiles == 2 and not again.from_cache
+    assert (env.entry(c.key) / "meta.json").stat().st_mtime_ns == mtime
+
+
+def test_unwritable_cache_dir_is_not_fatal(env, monkeypatch, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("AWQ_CUPY_CACHE_DIR", str(blocker / "cache"))
+    c = jit.compile_family(tiny_family(), "90")
+    assert c.cubin.startswith(b"\x7fELF") and env.compiles == 1
+
+
+# ----------------------------------------------------------------------------------------------------------
+# threads
+# ----------------------------------------------------------------------------------------------------------
+def test_concurrent_threads_compile_once(env):
+    env.delay = 0.3                    # hold the compile open so that every thread arrives while it runs
+    fam = tiny_family()
+    n = 8
+    barrier = threading.Barrier(n)
+    results, errors = [None] * n, []
+
+    def worker(i):
+        try:
+            barrier.wait()
+            results[i] = jit.compile_family(fam, "90")
+        except BaseException as e:  # reported below, with the thread's index
+            errors.append((i, e))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert env.compiles == 1
+    assert all(r is results[0] for r in results)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# compile errors
+# ----------------------------------------------------------------------------------------------------------
+def test_compile_error_carries_log_and_kept_source(env, monkeypatch, tmp_path):
+    import tempfile
+
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(kept))
+    (env.kernel_dir / "broken.cu").write_text(BROKEN)
+    fam = tiny_family(name="broken", source="broken.cu")
+    with pytest.raises(jit.CompileError, match=r"'broken' for sm_80") as info:
+        jit.compile_family(fam, "80")
+    e = info.value
+    assert e.family == "broken" and e.arch == "sm_80" and "-arch=sm_80" in e.options
+    assert "undeclared_name" in e.log and "error" in e.log
+    src = Path(e.source_path)
+    assert src.parent == kept and src.suffix == ".cu"
+    text = src.read_text()
+    assert "undeclared_name" in text and "scaled" in text       # the inlined header is kept too
+    assert e.log in str(e)
+    assert not env.cache.exists() or not any(env.cache.rglob("meta.json"))
+    assert not jit._compiled
+
+
+def test_missing_source_names_the_file(env):
+    with pytest.raises(FileNotFoundError, match="nope.cu"):
+        jit.compile_family(tiny_family(name="nope", source="nope.cu"), "90")
+
+
+def test_family_not_supported_on_arch(env):
+    fam = jit.KernelFamily("sm80_only", "tiny.cu", lambda arch: TINY_VARIANTS, min_cc=80)
+    with pytest.raises(jit.UnsupportedArchError, match="sm80_only.*sm_75"):
+        jit.compile_family(fam, "75")
+    assert env.compiles == 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# ptxas report
+# ----------------------------------------------------------------------------------------------------------
+# Captured from cupy.cuda.nvrtc (NVRTC 13.5) compiling, for sm_80 with --ptxas-options=-v, a template kernel
+# that holds 64 floats in registers under __launch_bounds__(1024, 2) (it spills), the same for 4 floats, and an
+# extern "C" kernel with a 256-float __shared__ buffer. NVRTC ends the log with a NUL.
+REAL_PTXAS_LOG = (
+    "ptxas info    : 0 bytes gmem\n"
+    "ptxas info    : Compiling entry function '_Z5heavyILi64EEvPKfPfi' for 'sm_80'\n"
+    "ptxas info    : Function properties for _Z5heavyILi64EEvPKfPfi\n"
+    "ptxas         .     688 bytes stack frame, 688 bytes spill stores, 1188 bytes spill loads\n"
+    "ptxas info    : Used 32 registers, used 0 barriers, 688 bytes cumulative stack size, 372 bytes cmem[0]\n"
+    "ptxas info    : Compile time = 24.764 ms\n"
+    "ptxas info    : Compiling entry function '_Z5heavyILi4EEvPKfPfi' for 'sm_80'\n"
+    "ptxas info    : Function properties for _Z5heavyILi4EEvPKfPfi\n"
+    "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+    "ptxas info    : Used 16 registers, used 0 barriers, 372 bytes cmem[0]\n"
+    "ptxas info    : Compile time = 1.339 ms\n"
+    "ptxas info    : Compiling entry function 'tile_copy' for 'sm_80'\n"
+    "ptxas info    : Function properties for tile_copy\n"
+    "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+    "ptxas info    : Used 12 registers, used 1 barriers, 1024 bytes smem, 372 bytes cmem[0]\n"
+    "ptxas info    : Compile time = 0.831 ms\n"
+    "\x00"
+)
+
+
+def test_parse_ptxas_log_real_log():
+    res = jit.parse_ptxas_log(REAL_PTXAS_LOG)
+    assert res == {
+        "_Z5heavyILi64EEvPKfPfi": jit.Resources(registers=32, spill_stores=688, spill_loads=1188,
+                                                 stack_frame=688, static_smem=0),
+        "_Z5heavyILi4EEvPKfPfi": jit.Resources(registers=16, spill_stores=0, spill_loads=0, stack_frame=0,
+                                                static_smem=0),
+        "tile_copy": jit.Resources(registers=12, spill_stores=0, spill_loads=0, stack_frame=0, static_smem=1024),
+    }
+
+
+def test_parse_ptxas_log_empty():
+    assert jit.parse_ptxas_log("") == {}
+    assert jit.parse_ptxas_log("ptxas info    : 0 bytes gmem\n") == {}
+
+
+def test_resources_of_a_live_compile_match_lowered_names(env):
+    c = jit.compile_family(tiny_family(), "86")
+    parsed = jit.parse_ptxas_log(c.log)
+    for variant, mangled in c.lowered.items():
+        assert mangled.startswith("_Z") and mangled.encode() + b"\0" in c.cubin
+        assert parsed[mangled] == c.resources[variant]
+        assert c.resources[variant].spill_stores == 0 and c.resources[variant].static_smem == 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# arch table
+# ----------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("cc,key", [(75, "75"), (80, "80"), (86, "86"), (87, "86"), (89, "89"), (90, "90"),
+                                    ("86", "86"), ("90", "90")])
+def test_arch_for_cc(cc, key):
+    a = jit.arch_for_cc(cc)
+    assert a is jit.ARCHS[key]
+    assert a.target == f"sm_{key}" and not a.arch_specific
+
+
+def test_arch_for_cc_arch_specific():
+    a = jit.arch_for_cc(90, arch_specific=True)
+    assert a is jit.ARCHS["90a"] and a.target == "sm_90a" and a.arch_specific and a.cc == 90
+    with pytest.raises(jit.UnsupportedArchError, match="9.0"):
+        jit.arch_for_cc(80, arch_specific=True)
+
+
+@pytest.mark.parametrize("cc", [61, 70, 72, 100, 120])
+def test_arch_for_cc_unsupported(cc):
+    with pytest.raises(jit.UnsupportedArchError, match=f"compute capability {cc} is not supported") as info:
+        jit.arch_for_cc(cc)
+    for a in jit.ARCHS.values():
+        assert f"sm_{a.key}" in str(info.value)
+
+
+def test_arch_table():
+    assert [a.target for a in jit.ARCHS.values()] == ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"]
+    assert not jit.ARCHS["75"].has_mma_k16 and all(jit.ARCHS[k].has_mma_k16 for k in ("80", "86", "89", "90"))
+    for a in jit.ARCHS.values():
+        assert 48 * 1024 <= a.smem_optin <= 228 * 1024
+
+
+# ----------------------------------------------------------------------------------------------------------
+# sources
+# ----------------------------------------------------------------------------------------------------------
+def test_read_source_inlines_our_headers_only(env):
+    (env.kernel_dir / "outer.cuh").write_text('#pragma once\n#include "common.cuh"\n#define OUTER 1\n')
+    (env.kernel_dir / "main.cu").write_text('#include <cuda_bf16.h>\n  #  include "outer.cuh"\nint main_body;\n')
+    text = jit.read_source("main.cu")
+    assert "#include <cuda_bf16.h>" in text
+    assert "#include <cuda_fp16.h>" in text          # from common.cuh, left for NVRTC
+    assert '#include "' not in text and "#  include" not in text
+    assert "#define OUTER 1" in text and "scaled(float v)" in text and "int main_body;" in text
+    assert text.index("// ---- begin outer.cuh") < text.index("// ---- begin common.cuh") < text.index("OUTER")
+
+
+def test_read_source_include_cycle_terminates(env):
+    (env.kernel_dir / "a.cuh").write_text('#include "b.cuh"\nint a;\n')
+    (env.kernel_dir / "b.cuh").write_text('#include "a.cuh"\nint b;\n')
+    text = jit.read_source("a.cuh")
+    assert text.count("int a;") == 1 and text.count("int b;") == 1
+    assert "a.cuh already included" in text
+
+
+def test_read_source_missing_include(env):
+    (env.kernel_dir / "bad.cu").write_text('#include "missing.cuh"\n')
+    with pytest.raises(FileNotFoundError, match="missing.cuh"):
+        jit.read_source("bad.cu")
+
+
+def test_real_sources_inline_completely():
+    for path in sorted((REPO / "kernels_cu").iterdir()):
+        text = jit.read_source(path.name)
+        assert '#include "' not in text, path.name
+        if path.suffix == ".cu":
+            assert "// ---- begin common.cuh" in text, path.name
+
+
+# ----------------------------------------------------------------------------------------------------------
+# launch arguments
+# ----------------------------------------------------------------------------------------------------------
+class RecordingFunc:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, grid, block, args, shared_mem=0):
+        self.calls.append((grid, block, args, shared_mem))
+
+
+@pytest.mark.parametrize("bad", [3, 2.5, True])
+def test_launch_rejects_python_scalars(bad):
+    func = RecordingFunc()
+    k = jit.Kernel("tiny_kernel<1>", "tiny", 0, func, None)
+    with pytest.raises(TypeError, match=f"tiny_kernel<1>.*{type(bad).__name__}"):
+        k.launch((1,), (32,), (np.uint64(0), bad))
+    assert func.calls == []
+
+
+def test_launch_passes_numpy_scalars():
+    func = RecordingFunc()
+    k = jit.Kernel("tiny_kernel<1>", "tiny", 0, func, None)
+    args = (np.uint64(0), np.int32(7), np.float32(0.5))
+    k.launch([2, 1], [64], args)
+    assert func.calls == [((2, 1), (64,), args, 0)]
+
+
+def test_as_i32():
+    assert jit.as_i32(2**31 - 1) == 2**31 - 1 and isinstance(jit.as_i32(5), np.int32)
+    with pytest.raises(ValueError, match="2147483648"):
+        jit.as_i32(2**31)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# import is free of side effects
+# ----------------------------------------------------------------------------------------------------------
+def test_import_does_not_import_cupy(tmp_path):
+    code = ("import awq_cupy, awq_cupy.jit, awq_cupy.kernels, awq_cupy.cli, sys; "
+            "assert 'cupy' not in sys.modules, sorted(m for m in sys.modules if 'cupy' in m)")
+    env = dict(os.environ, AWQ_CUPY_CACHE_DIR=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "cache").exists(), "import must not touch the compile cache"
