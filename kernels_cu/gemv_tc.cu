@@ -38,8 +38,9 @@ AWQ_DEVICE void ldmatrix_x2(u32& r0, u32& r1, const void* p) {
 
 // Dynamic shared memory: KW * D * (512 + 8 NB * 32) bytes (weight words + x rows of every warp's ring); the
 // Python side computes the same number (awq_cupy.kernels.gemv_smem_bytes).
+// Two CTAs (16 warps) per SM need <= 128 registers; only sm_90 has the shared memory for two 96 KB rings.
 template <typename T, int NB, int D>
-__global__ void __launch_bounds__(32 * awq_gemv::KW, NB == 1 ? 2 : 1) awq_gemv_tc_kernel(
+__global__ void __launch_bounds__(32 * awq_gemv::KW, (NB == 1 && AWQ_CUPY_CC >= 900) ? 2 : 1) awq_gemv_tc_kernel(
     const T* __restrict__ x,          // [M, K] activations
     const uint4* __restrict__ qtiles, // [NT][KT][32] weight tiles
     const T* __restrict__ scales,     // [NG, Np] permuted scales
@@ -69,24 +70,28 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, NB == 1 ? 2 : 1) awq_gemv_t
   uint4* ring_w = smem4 + warp * D * 32;                                            // [D][32] uint4
   T* ring_x = reinterpret_cast<T*>(smem4 + KW * D * 32) + warp * D * TOK * 16;      // [D][TOK][16]
 
-  // Issue cursor: (nt, st) of step u0 + issued.
-  int i_nt = (int)(u0 / steps), i_st = (int)(u0 - (long long)i_nt * steps);
-  long long i_u = u0;
+  // Issue cursor: the step u0 + issued, as running pointers (no divisions in the loop). Lane l copies the weight
+  // word l of each step and, for l < 2 TOK, the 16-byte chunk (l & 1) of x row l / 2.
+  int i_st = (int)(u0 % steps);
+  int i_left = (int)(u1 - u0);                                 // steps still to issue
+  const uint4* i_w = qtiles + ((u0 / steps) * KT + i_st) * 32 + lane;
+  const int xtok = lane >> 1, xhalf = 8 * (lane & 1);
+  const bool xlane = lane < 2 * TOK && xtok < M;
+  const T* i_x = x + (long long)(xlane ? xtok : 0) * K + xhalf;
   auto issue = [&](int slot) {
-    if (i_u < u1) {
-      cp_async16_stream(ring_w + slot * 32 + lane, qtiles + ((long long)i_nt * KT + i_st) * 32 + lane, true, policy);
-#pragma unroll
-      for (int c = lane; c < TOK * 2; c += 32) {   // x rows: TOK tokens x 2 chunks of 8 k
-        const int tok = c >> 1, k = 16 * i_st + 8 * (c & 1);
-        const bool ok = tok < M && k < K;
-        cp_async16(ring_x + (slot * TOK + tok) * 16 + 8 * (c & 1), ok ? x + (long long)tok * K + k : x, ok);
+    if (i_left > 0) {
+      cp_async16_stream(ring_w + slot * 32 + lane, i_w, true, policy);
+      if (lane < 2 * TOK) {
+        const int k = 16 * i_st + xhalf;
+        const bool ok = xlane && k < K;
+        cp_async16(ring_x + (slot * TOK + xtok) * 16 + xhalf, ok ? i_x + 16 * i_st : x, ok);
       }
-      ++i_u;
-      if (++i_st == steps) { i_st = 0; ++i_nt; }
+      --i_left;
+      i_w += 32;
+      if (++i_st == steps) { i_st = 0; i_w += (long long)(KT - steps) * 32; }
     }
     cp_async_commit();
   };
-
   float acc[4][NB][4];
   float accg[SCALE_IN_ACC ? 4 : 1][NB][4];
   auto zero_acc = [&]() {
@@ -201,8 +206,12 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, NB == 1 ? 2 : 1) awq_gemv_t
 #pragma unroll
   for (int i = 0; i < D - 1; ++i) issue(i);
 
-  int slot = 0, cur_g = -1;
-  for (long long u = u0; u < u1; ++u) {
+  // Group tracking without divisions: g_left = k16 steps before the current group ends (groups span whole
+  // k16 steps: G % 32 == 0, or one group G == K).
+  const int g_steps = G / 16;
+  int slot = 0, g_left = 0, cur_g = -1;
+  const int run = (int)(u1 - u0);
+  for (int it = 0; it < run; ++it) {
     cp_async_wait<D - 2>();
     __syncwarp();
     const uint4 wc = ring_w[slot * 32 + lane];
@@ -213,14 +222,15 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, NB == 1 ? 2 : 1) awq_gemv_t
     issue(slot == 0 ? D - 1 : slot - 1);   // refill the slot consumed in the previous iteration
     slot = slot + 1 == D ? 0 : slot + 1;
 
-    const int g = min(16 * c_st / G, NG - 1);
-    if (g != cur_g) {
+    if (g_left == 0) {                       // a new group (or the first step of the run / of an n-tile)
       if (cur_g >= 0) flush();
       take_group();
       advance_prefetch();
       prefetch();
-      cur_g = g;
+      cur_g = cur_g < 0 ? min(16 * c_st / G, NG - 1) : cur_g + 1;
+      g_left = cur_g == NG - 1 ? steps - c_st : g_steps - (c_st - cur_g * g_steps);
     }
+    --g_left;
     const u32 words[4] = {wc.x, wc.y, wc.z, wc.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -243,13 +253,14 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, NB == 1 ? 2 : 1) awq_gemv_t
         else mma_16816<T>(acc[j][nb], a, xf[nb][0], xf[nb][1]);
       }
     }
-    if (++c_st == steps || u + 1 == u1) {   // n-tile (or the warp's run) ends here
+    if (++c_st == steps || it + 1 == run) {   // n-tile (or the warp's run) ends here
       flush();
       emit(c_nt);
       zero_acc();
       c_st = 0;
       ++c_nt;
       cur_g = -1;
+      g_left = 0;
     }
   }
   cp_async_wait<0>();
