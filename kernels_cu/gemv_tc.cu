@@ -19,7 +19,8 @@
 // additions is not fixed, so results may differ run to run by fp32 rounding (matmul(batch_invariant=True)
 // takes the deterministic GEMM path).
 // Memory pipeline: each warp owns a D-deep ring in shared memory; per k16 step every lane cp.asyncs its own
-// 16-byte weight word (evict-first) and the warp copies the step's x rows (8 NB tokens x 16 k) for ldmatrix.
+// 16-byte weight word (.cg: L2 only; the L2::cache_hint form raised 'illegal instruction' in the NB = 2 variant
+// on the H200, see bench/NOTES.md) and the warp copies the step's x rows (8 NB tokens x 16 k) for ldmatrix.
 // No block barrier in the main loop: a lane reads back its own weight copy after cp.async.wait_group, and
 // __syncwarp publishes the x rows to the warp. Scales/zeros of the next (n-tile, group) are prefetched into
 // registers one group ahead.
@@ -66,7 +67,6 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, (NB == 1 && AWQ_CUPY_CC >= 
   if (u0 >= u1) return;                          // no block barrier below: idle warps may leave
   const int Np = NT * 64;
   const int g8 = lane >> 2, kofs = 2 * (lane & 3);
-  const u64 policy = evict_first_policy();
   uint4* ring_w = smem4 + warp * D * 32;                                            // [D][32] uint4
   T* ring_x = reinterpret_cast<T*>(smem4 + KW * D * 32) + warp * D * TOK * 16;      // [D][TOK][16]
 
@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, (NB == 1 && AWQ_CUPY_CC >= 
   const T* i_x = x + (long long)(xlane ? xtok : 0) * K + xhalf;
   auto issue = [&](int slot) {
     if (i_left > 0) {
-      cp_async16_stream(ring_w + slot * 32 + lane, i_w, true, policy);
+      cp_async16(ring_w + slot * 32 + lane, i_w, true);
       if (lane < 2 * TOK) {
         const int k = 16 * i_st + xhalf;
         const bool ok = xlane && k < K;
