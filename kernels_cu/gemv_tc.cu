@@ -70,25 +70,30 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, (NB == 1 && AWQ_CUPY_CC >= 
   uint4* ring_w = smem4 + warp * D * 32;                                            // [D][32] uint4
   T* ring_x = reinterpret_cast<T*>(smem4 + KW * D * 32) + warp * D * TOK * 16;      // [D][TOK][16]
 
-  // Issue cursor: the step u0 + issued, as running pointers (no divisions in the loop). Lane l copies the weight
-  // word l of each step and, for l < 2 TOK, the 16-byte chunk (l & 1) of x row l / 2.
+  // Issue cursor: the step u0 + issued, as running pointers (no divisions or multiplies in the loop). Lane l
+  // copies the weight word l of each step and, for l < 2 TOK, the 16-byte chunk (l & 1) of x row l / 2.
   int i_st = (int)(u0 % steps);
   int i_left = (int)(u1 - u0);                                 // steps still to issue
   const uint4* i_w = qtiles + ((u0 / steps) * KT + i_st) * 32 + lane;
   const int xtok = lane >> 1, xhalf = 8 * (lane & 1);
-  const bool xlane = lane < 2 * TOK && xtok < M;
-  const T* i_x = x + (long long)(xlane ? xtok : 0) * K + xhalf;
+  const bool xcopy = lane < 2 * TOK, xlane = xcopy && xtok < M;
+  int i_k = 16 * i_st + xhalf;                                 // k of this lane's x chunk
+  const T* i_x = x + (long long)(xlane ? xtok : 0) * K + i_k;
+  T* ring_x_lane = ring_x + xtok * 16 + xhalf;
   auto issue = [&](int slot) {
     if (i_left > 0) {
       cp_async16(ring_w + slot * 32 + lane, i_w, true);
-      if (lane < 2 * TOK) {
-        const int k = 16 * i_st + xhalf;
-        const bool ok = xlane && k < K;
-        cp_async16(ring_x + (slot * TOK + xtok) * 16 + xhalf, ok ? i_x + 16 * i_st : x, ok);
-      }
+      if (xcopy) cp_async16(ring_x_lane + slot * (TOK * 16), i_x, xlane && i_k < K);
       --i_left;
       i_w += 32;
-      if (++i_st == steps) { i_st = 0; i_w += (long long)(KT - steps) * 32; }
+      i_x += 16;
+      i_k += 16;
+      if (++i_st == steps) {
+        i_st = 0;
+        i_w += (long long)(KT - steps) * 32;
+        i_x -= 16 * steps;
+        i_k = xhalf;
+      }
     }
     cp_async_commit();
   };
