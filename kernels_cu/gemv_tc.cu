@@ -71,28 +71,41 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, (NB == 1 && AWQ_CUPY_CC >= 
   T* ring_x = reinterpret_cast<T*>(smem4 + KW * D * 32) + warp * D * TOK * 16;      // [D][TOK][16]
 
   // Issue cursor: the step u0 + issued, as running pointers (no divisions or multiplies in the loop). Lane l
-  // copies the weight word l of each step and, for l < 2 TOK, the 16-byte chunk (l & 1) of x row l / 2.
+  // copies the weight word l of each step and the 16-byte chunks (l & 1) of x rows l / 2 + 16 r (r < XR).
+  constexpr int XR = (2 * TOK + 31) / 32;                      // x chunks per lane per step
   int i_st = (int)(u0 % steps);
   int i_left = (int)(u1 - u0);                                 // steps still to issue
   const uint4* i_w = qtiles + ((u0 / steps) * KT + i_st) * 32 + lane;
   const int xtok = lane >> 1, xhalf = 8 * (lane & 1);
-  const bool xcopy = lane < 2 * TOK, xlane = xcopy && xtok < M;
-  int i_k = 16 * i_st + xhalf;                                 // k of this lane's x chunk
-  const T* i_x = x + (long long)(xlane ? xtok : 0) * K + i_k;
+  const bool xcopy = lane < 2 * TOK;
+  bool xok[XR];
+  const T* i_x[XR];
+#pragma unroll
+  for (int r = 0; r < XR; ++r) {
+    xok[r] = xcopy && xtok + 16 * r < M;
+    i_x[r] = x + (long long)(xok[r] ? xtok + 16 * r : 0) * K + 16 * i_st + xhalf;
+  }
+  int i_k = 16 * i_st + xhalf;                                 // k of this lane's x chunks
   T* ring_x_lane = ring_x + xtok * 16 + xhalf;
   auto issue = [&](int slot) {
     if (i_left > 0) {
       cp_async16(ring_w + slot * 32 + lane, i_w, true);
-      if (xcopy) cp_async16(ring_x_lane + slot * (TOK * 16), i_x, xlane && i_k < K);
+      if (xcopy) {
+#pragma unroll
+        for (int r = 0; r < XR; ++r)
+          cp_async16(ring_x_lane + slot * (TOK * 16) + r * 256, i_x[r], xok[r] && i_k < K);
+      }
       --i_left;
       i_w += 32;
-      i_x += 16;
       i_k += 16;
+#pragma unroll
+      for (int r = 0; r < XR; ++r) i_x[r] += 16;
       if (++i_st == steps) {
         i_st = 0;
         i_w += (long long)(KT - steps) * 32;
-        i_x -= 16 * steps;
         i_k = xhalf;
+#pragma unroll
+        for (int r = 0; r < XR; ++r) i_x[r] -= 16 * steps;
       }
     }
     cp_async_commit();
