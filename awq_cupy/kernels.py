@@ -55,20 +55,19 @@ def _gemm_variants(arch: Arch) -> tuple[str, ...]:
 GEMM_TC = KernelFamily("gemm_tc", "gemm_tc.cu", _gemm_variants, hot=True)
 
 # Swapped-operand tensor-core GEMV for M <= 32: token blocks of 8 per mma, a per-warp shared-memory ring of
-# D k16 steps. D is sized so two CTAs fit an H100/H200 SM (2 x 96 KB) and one fits sm_75's 64 KB.
+# D k32 pairs. The ring takes 96 KB per CTA where the arch allows (two CTAs per H100/H200 SM), else what fits.
 GEMV_TOKEN_BLOCKS = (1, 2, 4)
 GEMV_WARPS = 8
 
 
-def gemv_depth(arch: Arch, token_blocks: int) -> int:
-    if arch.smem_optin >= 96 * 1024 + 1024:
-        return {1: 16, 2: 12, 4: 8}[token_blocks]
-    return {1: 8, 2: 6, 4: 4}[token_blocks]
-
-
 def gemv_smem_bytes(token_blocks: int, depth: int) -> int:
     """Dynamic shared memory of awq_gemv_tc_kernel (must match the kernel's ring layout)."""
-    return GEMV_WARPS * depth * (512 + 8 * token_blocks * 32)
+    return GEMV_WARPS * depth * (1024 + 8 * token_blocks * 64)
+
+
+def gemv_depth(arch: Arch, token_blocks: int) -> int:
+    budget = 96 * 1024 if arch.smem_optin >= 97 * 1024 else arch.smem_optin - 4096
+    return min(8, budget // gemv_smem_bytes(token_blocks, 1))
 
 
 def gemv_variant(dtype: str, token_blocks: int, depth: int) -> str:

@@ -272,15 +272,15 @@ def rounds_weights(M: int, batch_invariant: bool = False) -> bool:
     return batch_invariant or M > 8
 
 
-GEMV_MIN_STEPS = 4        # fewest k16 steps a GEMV warp streams (below this, fewer warps)
+GEMV_MIN_PAIRS = 2        # fewest k32 pairs a GEMV warp streams (below this, fewer warps)
 
 
-def plan_gemv(NT: int, steps: int, resident_ctas: int, warps_per_cta: int) -> tuple[int, int]:
-    """(grid CTAs, steps per warp) for the striped GEMV: the NT x steps k16 steps are cut into equal runs,
+def plan_gemv(NT: int, pairs: int, resident_ctas: int, warps_per_cta: int) -> tuple[int, int]:
+    """(grid CTAs, pairs per warp) for the striped GEMV: the NT x pairs k32 pairs are cut into equal runs,
     one per warp of a grid that fills the GPU's resident capacity once (fewer warps when runs would be shorter
-    than GEMV_MIN_STEPS). Depends on (K, N) and the GPU, not on M."""
-    total = NT * steps
-    warps = max(1, min(resident_ctas * warps_per_cta, -(-total // GEMV_MIN_STEPS)))
+    than GEMV_MIN_PAIRS). Depends on (K, N) and the GPU, not on M."""
+    total = NT * pairs
+    warps = max(1, min(resident_ctas * warps_per_cta, -(-total // GEMV_MIN_PAIRS)))
     L = -(-total // warps)
     grid = -(-(-(-total // L)) // warps_per_cta)
     return grid, L
@@ -295,13 +295,13 @@ def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count):
     depth = gemv_depth(arch, nb)
     smem = gemv_smem_bytes(nb, depth)
     k = kernel("gemv_tc", gemv_variant(kind, nb, depth), w.device)
-    steps = -(-w.K // 16)
-    grid, L = plan_gemv(w.NT, steps, k.resident_blocks(32 * GEMV_WARPS, smem) * sm_count, GEMV_WARPS)
+    pairs = -(-w.K // 32)
+    grid, L = plan_gemv(w.NT, pairs, k.resident_blocks(32 * GEMV_WARPS, smem) * sm_count, GEMV_WARPS)
     accum = _zeroed_f32(M * w.NT * 64, w.device)
     counters = _counters(w.NT, w.device)
     k.launch((grid,), (32 * GEMV_WARPS,),
              (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, accum, counters, as_i32(M), as_i32(w.N),
-              as_i32(w.K), as_i32(w.NT), as_i32(w.KT), as_i32(w.group_size), as_i32(w.NG), as_i32(steps), as_i32(L)),
+              as_i32(w.K), as_i32(w.NT), as_i32(w.KT), as_i32(w.group_size), as_i32(w.NG), as_i32(pairs), as_i32(L)),
              smem=smem)
 
 

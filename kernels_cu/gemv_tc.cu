@@ -11,16 +11,17 @@
 // permuted; bias T [N] or null; y T [M, N]); accum float [M, Np] and counters int [NT], both zero between
 // launches (the last contributor of an n-tile resets them).
 //
-// Work split ("stripes", after Marlin's striped partitioning, at warp level): the NT x steps k16 steps of the
-// whole problem, n-tile major, are cut into equal contiguous runs of L steps, one per warp of the grid (the
+// Work split ("stripes", after Marlin's striped partitioning, at warp level): the NT x P k32 pairs of the
+// whole problem (a pair = two k16 steps, P = ceil(K / 32)), n-tile major, are cut into equal contiguous runs of L pairs, one per warp of the grid (the
 // grid is sized to the GPU's resident capacity), so every warp streams the same number of bytes whatever the
 // shape. A run that covers a whole n-tile writes y directly; warps sharing an n-tile add their fp32 sums into
 // accum (red.global.add) and the last to arrive (atomic counter) rounds the total once. The order of those fp32
 // additions is not fixed, so results may differ run to run by fp32 rounding (matmul(batch_invariant=True)
 // takes the deterministic GEMM path).
-// Memory pipeline: each warp owns a D-deep ring in shared memory; per k16 step every lane cp.asyncs its own
-// 16-byte weight word (.cg: L2 only; the L2::cache_hint form raised 'illegal instruction' in the NB = 2 variant
-// on the H200, see bench/NOTES.md) and the warp copies the step's x rows (8 NB tokens x 16 k) for ldmatrix.
+// Memory pipeline: each warp owns a D-deep ring of pairs in shared memory; per pair every lane cp.asyncs its two
+// 16-byte weight words (.cg: L2 only; the L2::cache_hint form raised 'illegal instruction' in the NB = 2 variant
+// on the H200, see bench/NOTES.md) and the warp copies the pair's x rows (8 NB tokens x 32 k, XOR-swizzled 16-byte chunks) for ldmatrix.x4.
+// Working in pairs halves the per-step bookkeeping (ring wait, issue, group check), which bounds this kernel.
 // No block barrier in the main loop: a lane reads back its own weight copy after cp.async.wait_group, and
 // __syncwarp publishes the x rows to the warp. Scales/zeros of the next (n-tile, group) are prefetched into
 // registers one group ahead.
@@ -37,7 +38,7 @@ AWQ_DEVICE void ldmatrix_x2(u32& r0, u32& r1, const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(smem_addr(p)));
 }
 
-// Dynamic shared memory: KW * D * (512 + 8 NB * 32) bytes (weight words + x rows of every warp's ring); the
+// Dynamic shared memory: KW * D * (1024 + 8 NB * 64) bytes (weight words + x rows of every warp's ring); the
 // Python side computes the same number (awq_cupy.kernels.gemv_smem_bytes).
 // Two CTAs (16 warps) per SM need <= 128 registers; only sm_90 has the shared memory for two 96 KB rings.
 template <typename T, int NB, int D>
@@ -53,8 +54,8 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, (NB == 1 && AWQ_CUPY_CC >= 
     int M, int N, int K,              // problem size
     int NT, int KT,                   // n-tiles, k16 tiles per n-tile (padded)
     int G, int NG,                    // group size, number of groups
-    int steps,                        // k16 steps per n-tile that hold real k: ceil(K / 16)
-    int L) {                          // steps per warp
+    int pairs,                        // k32 pairs per n-tile: ceil(K / 32) (KT >= 2 pairs, zero-padded)
+    int L) {                          // pairs per warp
   using namespace awq_gemv;
   constexpr int TOK = 8 * NB;
   constexpr bool SCALE_IN_ACC = NB == 1;
@@ -62,50 +63,50 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, (NB == 1 && AWQ_CUPY_CC >= 
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const long long gw = (long long)blockIdx.x * KW + warp;
+  const int steps = pairs;                       // the run/n-tile bookkeeping below counts pairs
   const long long total = (long long)NT * steps;
   const long long u0 = gw * L, u1 = min(total, u0 + L);
   if (u0 >= u1) return;                          // no block barrier below: idle warps may leave
   const int Np = NT * 64;
   const int g8 = lane >> 2, kofs = 2 * (lane & 3);
-  uint4* ring_w = smem4 + warp * D * 32;                                            // [D][32] uint4
-  T* ring_x = reinterpret_cast<T*>(smem4 + KW * D * 32) + warp * D * TOK * 16;      // [D][TOK][16]
+  uint4* ring_w = smem4 + warp * D * 64;                                            // [D][2][32] uint4
+  T* ring_x = reinterpret_cast<T*>(smem4 + KW * D * 64) + warp * D * TOK * 32;      // [D][TOK][32]
 
-  // Issue cursor: the step u0 + issued, as running pointers (no divisions or multiplies in the loop). Lane l
-  // copies the weight word l of each step and the 16-byte chunks (l & 1) of x rows l / 2 + 16 r (r < XR).
-  constexpr int XR = (2 * TOK + 31) / 32;                      // x chunks per lane per step
+  // Issue cursor: the pair u0 + issued, as running pointers (no divisions or multiplies in the loop). Lane l
+  // copies weight word l of both steps and x chunk (l & 3) (8 k) of rows l / 4 + 8 r, r < NB. x rows hold 32 k
+  // as four 16-byte chunks; chunk c of row t is stored at c ^ ((t >> 1) & 3), so each 8-row ldmatrix phase
+  // touches eight different bank groups.
   int i_st = (int)(u0 % steps);
-  int i_left = (int)(u1 - u0);                                 // steps still to issue
-  const uint4* i_w = qtiles + ((u0 / steps) * KT + i_st) * 32 + lane;
-  const int xtok = lane >> 1, xhalf = 8 * (lane & 1);
-  const bool xcopy = lane < 2 * TOK;
-  bool xok[XR];
-  const T* i_x[XR];
+  int i_left = (int)(u1 - u0);                                 // pairs still to issue
+  const uint4* i_w = qtiles + ((u0 / steps) * KT + 2 * i_st) * 32 + lane;
+  const int xrow = lane >> 2, xchunk = lane & 3;
+  bool xok[NB];
+  const T* i_x[NB];
 #pragma unroll
-  for (int r = 0; r < XR; ++r) {
-    xok[r] = xcopy && xtok + 16 * r < M;
-    i_x[r] = x + (long long)(xok[r] ? xtok + 16 * r : 0) * K + 16 * i_st + xhalf;
+  for (int r = 0; r < NB; ++r) {
+    xok[r] = xrow + 8 * r < M;
+    i_x[r] = x + (long long)(xok[r] ? xrow + 8 * r : 0) * K + 32 * i_st + 8 * xchunk;
   }
-  int i_k = 16 * i_st + xhalf;                                 // k of this lane's x chunks
-  T* ring_x_lane = ring_x + xtok * 16 + xhalf;
+  int i_k = 32 * i_st + 8 * xchunk;                            // k of this lane's x chunks
+  T* ring_x_lane = ring_x + xrow * 32 + 8 * (xchunk ^ ((xrow >> 1) & 3));
   auto issue = [&](int slot) {
     if (i_left > 0) {
-      cp_async16(ring_w + slot * 32 + lane, i_w, true);
-      if (xcopy) {
+      cp_async16(ring_w + slot * 64 + lane, i_w, true);
+      cp_async16(ring_w + slot * 64 + 32 + lane, i_w + 32, true);
 #pragma unroll
-        for (int r = 0; r < XR; ++r)
-          cp_async16(ring_x_lane + slot * (TOK * 16) + r * 256, i_x[r], xok[r] && i_k < K);
-      }
+      for (int r = 0; r < NB; ++r)     // row xrow + 8r has the same swizzle as xrow ((8r >> 1) & 3 == 0)
+        cp_async16(ring_x_lane + slot * (TOK * 32) + r * 256, i_x[r], xok[r] && i_k < K);
       --i_left;
-      i_w += 32;
-      i_k += 16;
+      i_w += 64;
+      i_k += 32;
 #pragma unroll
-      for (int r = 0; r < XR; ++r) i_x[r] += 16;
+      for (int r = 0; r < NB; ++r) i_x[r] += 32;
       if (++i_st == steps) {
         i_st = 0;
-        i_w += (long long)(KT - steps) * 32;
-        i_k = xhalf;
+        i_w += (long long)(KT - 2 * steps) * 32;
+        i_k = 8 * xchunk;
 #pragma unroll
-        for (int r = 0; r < XR; ++r) i_x[r] -= 16 * steps;
+        for (int r = 0; r < NB; ++r) i_x[r] -= 32 * steps;
       }
     }
     cp_async_commit();
@@ -130,7 +131,7 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, (NB == 1 && AWQ_CUPY_CC >= 
   float sf[8];
   uint4 zn, sn;
   int c_nt = (int)(u0 / steps), c_st = (int)(u0 - (long long)c_nt * steps);
-  int p_nt = c_nt, p_g = min(16 * c_st / G, NG - 1);     // the pair zn/sn hold
+  int p_nt = c_nt, p_g = min(32 * c_st / G, NG - 1);     // the (n-tile, group) zn/sn hold
   auto prefetch = [&]() {
     if (p_nt < NT) {
       const long long off = (long long)p_g * Np + p_nt * 64 + g8 * 8;
@@ -140,7 +141,7 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, (NB == 1 && AWQ_CUPY_CC >= 
   };
   auto advance_prefetch = [&]() {   // the group after (p_nt, p_g) in the warp's stream
     const int next_k = (p_g + 1) * G;
-    if (p_g + 1 < NG && next_k < 16 * steps) ++p_g;
+    if (p_g + 1 < NG && next_k < 32 * steps) ++p_g;
     else { ++p_nt; p_g = 0; }
   };
   auto take_group = [&]() {
@@ -224,51 +225,57 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, (NB == 1 && AWQ_CUPY_CC >= 
 #pragma unroll
   for (int i = 0; i < D - 1; ++i) issue(i);
 
-  // Group tracking without divisions: g_left = k16 steps before the current group ends (groups span whole
-  // k16 steps: G % 32 == 0, or one group G == K).
-  const int g_steps = G / 16;
+  // Group tracking without divisions: g_left = pairs before the current group ends (G % 32 == 0, or a single
+  // group G == K).
+  const int g_pairs = max(1, G / 32);
   int slot = 0, g_left = 0, cur_g = -1;
   const int run = (int)(u1 - u0);
   for (int it = 0; it < run; ++it) {
     cp_async_wait<D - 2>();
     __syncwarp();
-    const uint4 wc = ring_w[slot * 32 + lane];
-    u32 xf[NB][2];
+    const uint4 wc0 = ring_w[slot * 64 + lane], wc1 = ring_w[slot * 64 + 32 + lane];
+    u32 xf[NB][4];   // (b0, b1) of the pair's first step, then of its second
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb)   // lanes 0-7: token rows, k 0-7; lanes 8-15: the same rows, k 8-15
-      ldmatrix_x2(xf[nb][0], xf[nb][1], ring_x + (slot * TOK + 8 * nb + (lane & 7)) * 16 + 8 * ((lane >> 3) & 1));
+    for (int nb = 0; nb < NB; ++nb) {   // lanes 8q..8q+7 address chunk q of token rows 8nb..8nb+7
+      const int row = 8 * nb + (lane & 7), chunk = lane >> 3;
+      ldmatrix_x4(xf[nb], ring_x + slot * (TOK * 32) + row * 32 + 8 * (chunk ^ ((row >> 1) & 3)));
+    }
     issue(slot == 0 ? D - 1 : slot - 1);   // refill the slot consumed in the previous iteration
     slot = slot + 1 == D ? 0 : slot + 1;
 
-    if (g_left == 0) {                       // a new group (or the first step of the run / of an n-tile)
+    if (g_left == 0) {                       // a new group (or the first pair of the run / of an n-tile)
       if (cur_g >= 0) flush();
       take_group();
       advance_prefetch();
       prefetch();
-      cur_g = cur_g < 0 ? min(16 * c_st / G, NG - 1) : cur_g + 1;
-      g_left = cur_g == NG - 1 ? steps - c_st : g_steps - (c_st - cur_g * g_steps);
+      cur_g = cur_g < 0 ? min(32 * c_st / G, NG - 1) : cur_g + 1;
+      g_left = cur_g == NG - 1 ? steps - c_st : g_pairs - (c_st - cur_g * g_pairs);
     }
     --g_left;
-    const u32 words[4] = {wc.x, wc.y, wc.z, wc.w};
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const u32 w = words[j];
-      u32 a[4];
-      if (SCALE_IN_ACC) {   // exact (q - z) in T
-        a[0] = hsub2_bits<T>(int4pair_magic<T>(w), z2[2 * j]);
-        a[1] = hsub2_bits<T>(int4pair_magic<T>(w >> 8), z2[2 * j + 1]);
-        a[2] = hsub2_bits<T>(int4pair_magic<T>(w >> 4), z2[2 * j]);
-        a[3] = hsub2_bits<T>(int4pair_magic<T>(w >> 12), z2[2 * j + 1]);
-      } else {
-        a[0] = dequant_pair<T>(int4pair_magic<T>(w), z2[2 * j], s2[2 * j]);
-        a[1] = dequant_pair<T>(int4pair_magic<T>(w >> 8), z2[2 * j + 1], s2[2 * j + 1]);
-        a[2] = dequant_pair<T>(int4pair_magic<T>(w >> 4), z2[2 * j], s2[2 * j]);
-        a[3] = dequant_pair<T>(int4pair_magic<T>(w >> 12), z2[2 * j + 1], s2[2 * j + 1]);
-      }
+    for (int t = 0; t < 2; ++t) {
+      const uint4 wc = t ? wc1 : wc0;
+      const u32 words[4] = {wc.x, wc.y, wc.z, wc.w};
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-        if (SCALE_IN_ACC) mma_16816<T>(accg[j][nb], a, xf[nb][0], xf[nb][1]);
-        else mma_16816<T>(acc[j][nb], a, xf[nb][0], xf[nb][1]);
+      for (int j = 0; j < 4; ++j) {
+        const u32 w = words[j];
+        u32 a[4];
+        if (SCALE_IN_ACC) {   // exact (q - z) in T
+          a[0] = hsub2_bits<T>(int4pair_magic<T>(w), z2[2 * j]);
+          a[1] = hsub2_bits<T>(int4pair_magic<T>(w >> 8), z2[2 * j + 1]);
+          a[2] = hsub2_bits<T>(int4pair_magic<T>(w >> 4), z2[2 * j]);
+          a[3] = hsub2_bits<T>(int4pair_magic<T>(w >> 12), z2[2 * j + 1]);
+        } else {
+          a[0] = dequant_pair<T>(int4pair_magic<T>(w), z2[2 * j], s2[2 * j]);
+          a[1] = dequant_pair<T>(int4pair_magic<T>(w >> 8), z2[2 * j + 1], s2[2 * j + 1]);
+          a[2] = dequant_pair<T>(int4pair_magic<T>(w >> 4), z2[2 * j], s2[2 * j]);
+          a[3] = dequant_pair<T>(int4pair_magic<T>(w >> 12), z2[2 * j + 1], s2[2 * j + 1]);
+        }
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+          if (SCALE_IN_ACC) mma_16816<T>(accg[j][nb], a, xf[nb][2 * t], xf[nb][2 * t + 1]);
+          else mma_16816<T>(acc[j][nb], a, xf[nb][2 * t], xf[nb][2 * t + 1]);
+        }
       }
     }
     if (++c_st == steps || it + 1 == run) {   // n-tile (or the warp's run) ends here
