@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._array import bfloat16_dtype, is_cupy
+from . import dispatch
 from .jit import as_i32
 
 __all__ = ["dequantize_gemm", "dequantize", "matmul", "gemm", "dtype_name", "activation_dtype"]
@@ -199,10 +200,13 @@ def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
     not overlap ``x``. Returns ``y [..., N]`` of x's dtype; M = 0 rows give an empty result.
 
     Runs on the caller's current CuPy stream without synchronising, and is capturable in a CUDA graph (under
-    capture pass ``out=`` and keep it alive with the graph). Dispatch by M: M <= 32 runs the swapped-operand
-    tensor-core GEMV (kernels_cu/gemv_tc.cu; exact (q - z) in the mma, scales applied to fp32 group sums for
-    M <= 8); larger M runs the tensor-core GEMM (kernels_cu/gemm_tc.cu; (q - z) * s rounded once in x's dtype).
-    Split-K partial sums are fp32 and are added in a fixed order.
+    capture pass ``out=`` and keep it alive with the graph). Dispatch by M (table: ``awq_cupy.dispatch``):
+    small M runs the swapped-operand tensor-core GEMV (kernels_cu/gemv_tc.cu; exact (q - z) in the mma, scales
+    applied to fp32 group sums for M <= 8; fp32 atomic accumulation across warps, so not bitwise
+    reproducible run to run); middle M runs the tensor-core GEMM (kernels_cu/gemm_tc.cu; (q - z) * s rounded
+    once in x's dtype, fp32 split-K partials added in a fixed order); large fp16 M runs dequantize + cuBLAS
+    (a temporary dense [K, N] weight), except while the stream is capturing a CUDA graph, where the fused
+    GEMM runs instead because CuPy cannot capture cuBLAS.
 
     Batch invariance: by default a row's result can depend on M (the kernel and its split-K count are chosen
     from M). With ``batch_invariant=True`` one kernel with a split count chosen from (K, N) alone runs for every
@@ -253,23 +257,36 @@ def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
     dev = w.device
     arch = arch_of_device(dev)
     sm_count = _sm_count(dev)
+    plan = dispatch.for_arch(arch.key)
     bias_arg = bias if bias is not None else _NULL
     with cupy.cuda.Device(dev):
-        if M <= GEMV_MAX_M and not batch_invariant:
+        if M <= plan.gemv_max_m and not batch_invariant:
             _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count)
+        elif (M >= plan.cublas_min_m and kind == "float16" and not batch_invariant
+              and not _is_capturing()):
+            # Dense fp16 W then cuBLAS: W is x's dtype rounded once, like the fused GEMM's operand; a bias is
+            # added after cuBLAS has rounded x @ W (a second rounding).
+            W = dequantize(w)
+            cupy.matmul(x2, W, out=y2)
+            if bias is not None:
+                y2 += bias
         else:
             _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant)
     return out
 
 
 _NULL = np.uint64(0)      # a null pointer argument
-GEMV_MAX_M = 32           # M up to which the swapped-operand GEMV kernel runs (token blocks of 8)
 
 
 def rounds_weights(M: int, batch_invariant: bool = False) -> bool:
     """Whether matmul at this M multiplies x by the weights rounded to x's dtype, T((q - z) * s) (like
     ``dequantize``), or by the exact (q - z) * s with the scale applied to fp32 group sums (the M <= 8 GEMV)."""
     return batch_invariant or M > 8
+
+
+def uses_cublas(M: int, dtype: str, arch_key: str = "90", batch_invariant: bool = False) -> bool:
+    """Whether matmul at this M (outside graph capture) takes the dequantize + cuBLAS path."""
+    return not batch_invariant and dtype == "float16" and M >= dispatch.for_arch(arch_key).cublas_min_m
 
 
 GEMV_MIN_PAIRS = 2        # fewest k32 pairs a GEMV warp streams (below this, fewer warps)
@@ -393,9 +410,9 @@ def dequantize(w, dtype=None, *, out=None):
             require_cupy(out, "out", w.device)
             if out.shape != (w.K, w.N) or out.dtype != numpy_dtype(kind) or not out.flags.c_contiguous:
                 raise ValueError(f"out must be a C-contiguous [{w.K}, {w.N}] array of {numpy_dtype(kind)}")
-        total = w.qtiles.size
+        tiles = w.NT * w.KT
         k = kernel("dequant", dequant_tiles_variant(kind), w.device)
-        k.launch((min(-(-total // 256), 1 << 20),), (256,),
+        k.launch((min(-(-tiles // 4), 1 << 20),), (128,),
                  (w.qtiles, w.scales, w.zeros, out, as_i32(w.K), as_i32(w.N), as_i32(w.NT), as_i32(w.KT),
                   as_i32(w.group_size), as_i32(w.NG)))
     return out

@@ -47,46 +47,58 @@ __global__ void awq_dequant_gemm_kernel(
   }
 }
 
-// awq_cupy tile layout (awq_cupy/layout.py) -> dense W [K, N] in T, the exact values the tensor-core kernel
+// awq_cupy tile layout (awq_cupy/layout.py) -> dense W [K, N] in T, the exact values the tensor-core GEMM
 // feeds to its mma: (q - z) * s with T's own subtraction (exact) and multiplication (one rounding).
-// One thread per tile word (8 codes); launched by awq_cupy.dequantize and the dequantize + cuBLAS path.
+// One warp per 16(k) x 64(n) tile: each lane converts its 16-byte word (32 values) into a shared-memory tile,
+// then the warp writes the tile's 16 rows as 128-byte coalesced segments (16-byte stores; N % 8 == 0 keeps
+// them aligned; columns >= N and rows >= K are not written). Grid-stride over tiles; 4 warps per CTA.
+// Launched by awq_cupy.dequantize and the dequantize + cuBLAS path of awq_cupy.matmul.
 template <typename T>
-__global__ void awq_dequant_tiles_kernel(
-    const u32* __restrict__ qtiles,  // [NT][KT][32][4]
-    const T* __restrict__ scales,    // [NG, Np] permuted
-    const T* __restrict__ zeros,     // [NG, Np] permuted MAGIC + z
-    T* __restrict__ out,             // [K, N]
+__global__ void __launch_bounds__(128) awq_dequant_tiles_kernel(
+    const uint4* __restrict__ qtiles,  // [NT][KT][32] tiles (one 16-byte word per lane)
+    const T* __restrict__ scales,      // [NG, Np] permuted
+    const T* __restrict__ zeros,       // [NG, Np] permuted MAGIC + z
+    T* __restrict__ out,               // [K, N]
     int K, int N, int NT, int KT, int G, int NG) {
-  const long long total = (long long)NT * KT * 128;
+  __shared__ __align__(16) unsigned short tile[4][16][64 + 8];   // +8: rows 144 B apart, fewer bank conflicts
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int r = lane & 3, c = lane >> 2;
   const int Np = NT * 64;
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-       i += (long long)gridDim.x * blockDim.x) {
-    const int j = (int)(i & 3), lane = (int)((i >> 2) & 31);
-    const long long rest = i >> 7;
-    const int kt = (int)(rest % KT), nt = (int)(rest / KT);
-    const int r = lane & 3, c = lane >> 2;
-    const u32 w = qtiles[i];
-    const int k0 = 16 * kt + 2 * r;
-    if (k0 >= K) continue;
-    const int g = min(k0 / G, NG - 1);       // k0 .. k0 + 9 share a group (G % 32 == 0 or G == K)
+  const long long ntiles = (long long)NT * KT;
+  for (long long t = (long long)blockIdx.x * 4 + warp; t < ntiles; t += (long long)gridDim.x * 4) {
+    const int kt = (int)(t % KT), nt = (int)(t / KT);
+    if (16 * kt >= K) continue;                                   // K padding tiles: nothing to write
+    const uint4 wv = qtiles[t * 32 + lane];
+    const u32 words[4] = {wv.x, wv.y, wv.z, wv.w};
+    const int g = min(16 * kt / G, NG - 1);                       // a 16-row tile lies in one group
+    const uint4 sv = *reinterpret_cast<const uint4*>(scales + (long long)g * Np + nt * 64 + 8 * c);
+    const uint4 zv = *reinterpret_cast<const uint4*>(zeros + (long long)g * Np + nt * 64 + 8 * c);
+    const u32 sw[4] = {sv.x, sv.y, sv.z, sv.w}, zw[4] = {zv.x, zv.y, zv.z, zv.w};
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int m = 2 * j + h;                 // fragment column index: n = 64 nt + c + 8 m
-      const int n = 64 * nt + c + 8 * m;
-      if (n >= N) continue;
-      const long long sidx = (long long)g * Np + 64 * nt + 8 * c + m;
-      u32 s = *reinterpret_cast<const unsigned short*>(scales + sidx);
-      u32 z = *reinterpret_cast<const unsigned short*>(zeros + sidx);
-      s |= s << 16; z |= z << 16;
-      const u32 lo = dequant_pair<T>(int4pair_magic<T>(w >> (8 * h)), z, s);      // k0, k0 + 1
-      const u32 hi = dequant_pair<T>(int4pair_magic<T>(w >> (8 * h + 4)), z, s);  // k0 + 8, k0 + 9
-      const unsigned short* lo16 = reinterpret_cast<const unsigned short*>(&lo);
-      const unsigned short* hi16 = reinterpret_cast<const unsigned short*>(&hi);
-      unsigned short* o = reinterpret_cast<unsigned short*>(out);
-      if (k0 < K) o[(long long)k0 * N + n] = lo16[0];
-      if (k0 + 1 < K) o[(long long)(k0 + 1) * N + n] = lo16[1];
-      if (k0 + 8 < K) o[(long long)(k0 + 8) * N + n] = hi16[0];
-      if (k0 + 9 < K) o[(long long)(k0 + 9) * N + n] = hi16[1];
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int m = 2 * j + h;                                  // fragment column: n = 64 nt + c + 8 m
+        const u32 s2 = (m & 1) ? bcast_hi(sw[m >> 1]) : bcast_lo(sw[m >> 1]);
+        const u32 z2 = (m & 1) ? bcast_hi(zw[m >> 1]) : bcast_lo(zw[m >> 1]);
+        const u32 lo = dequant_pair<T>(int4pair_magic<T>(words[j] >> (8 * h)), z2, s2);      // k 2r, 2r+1
+        const u32 hi = dequant_pair<T>(int4pair_magic<T>(words[j] >> (8 * h + 4)), z2, s2);  // k 2r+8, 2r+9
+        const int col = c + 8 * m;
+        tile[warp][2 * r][col] = (unsigned short)(lo & 0xFFFF);
+        tile[warp][2 * r + 1][col] = (unsigned short)(lo >> 16);
+        tile[warp][2 * r + 8][col] = (unsigned short)(hi & 0xFFFF);
+        tile[warp][2 * r + 9][col] = (unsigned short)(hi >> 16);
+      }
     }
+    __syncwarp();
+    // 16 rows x 8 chunks of 16 bytes = 128 chunks: 4 per lane, lanes 8q..8q+7 cover one 128-byte row.
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = 4 * i + (lane >> 3), chunk = lane & 7;
+      const int k = 16 * kt + row, n = nt * 64 + 8 * chunk;
+      if (k < K && n < N)
+        *reinterpret_cast<uint4*>(out + (long long)k * N + n) = *reinterpret_cast<const uint4*>(&tile[warp][row][8 * chunk]);
+    }
+    __syncwarp();
   }
 }
