@@ -188,7 +188,7 @@ def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, co
             if progress:
                 msg = "  ".join(f"{c} {us:8.1f}us" for c, (us, _) in res.items())
                 print(f"[{done:3d}/{total}] {model} {name:8s} M={M:5d}  {msg}", file=sys.stderr, flush=True)
-        del wq, wd, dense, scratch
+        wq = wd = dense = scratch = calls = None   # release this layer's copies before the next layer
         cupy.get_default_memory_pool().free_all_blocks()
     return rows
 

@@ -17,9 +17,11 @@ class Dispatch:
 
 
 TABLE: dict[str, Dispatch] = {
-    # H200 (sm_90), 2026-11-29: fused GEMM loses to dequantize + cuBLAS from M = 128 on all Mistral-7B layers.
-    "90": Dispatch(gemv_max_m=32, cublas_min_m=128),
-    "default": Dispatch(gemv_max_m=32, cublas_min_m=128),
+    # H200 (sm_90), 2026-11-29, Mistral-7B layers summed (bench/NOTES.md, runs v1 and v8): the GEMV beats the
+    # fused GEMM up to M = 8 but not at M = 16 (136 vs 108 us); the fused GEMM beats dequantize + cuBLAS at
+    # M = 128 (323 vs 349 us) and loses at M = 256 (580 vs 350 us).
+    "90": Dispatch(gemv_max_m=8, cublas_min_m=256),
+    "default": Dispatch(gemv_max_m=8, cublas_min_m=256),
 }
 
 

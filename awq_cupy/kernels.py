@@ -56,7 +56,9 @@ GEMM_TC = KernelFamily("gemm_tc", "gemm_tc.cu", _gemm_variants, hot=True)
 
 # Swapped-operand tensor-core GEMV for M <= 32: token blocks of 8 per mma, a per-warp shared-memory ring of
 # D k32 pairs. The ring takes 96 KB per CTA where the arch allows (two CTAs per H100/H200 SM), else what fits.
-GEMV_TOKEN_BLOCKS = (1, 2, 4)
+# Only one token block (M <= 8) is instantiated: 16- and 32-token variants ran slower than the fused GEMM on the
+# H200 (bench/NOTES.md, v7-v8), so the dispatch table never picks them.
+GEMV_TOKEN_BLOCKS = (1,)
 GEMV_WARPS = 8
 
 

@@ -201,9 +201,8 @@ def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
 
     Runs on the caller's current CuPy stream without synchronising, and is capturable in a CUDA graph (under
     capture pass ``out=`` and keep it alive with the graph). Dispatch by M (table: ``awq_cupy.dispatch``):
-    small M runs the swapped-operand tensor-core GEMV (kernels_cu/gemv_tc.cu; exact (q - z) in the mma, scales
-    applied to fp32 group sums for M <= 8; fp32 atomic accumulation across warps, so not bitwise
-    reproducible run to run); middle M runs the tensor-core GEMM (kernels_cu/gemm_tc.cu; (q - z) * s rounded
+    M <= 8 runs the swapped-operand tensor-core GEMV (kernels_cu/gemv_tc.cu; exact (q - z) in the mma, scales
+    applied to fp32 group sums; fp32 atomic accumulation across warps, so not bitwise reproducible run to run); middle M runs the tensor-core GEMM (kernels_cu/gemm_tc.cu; (q - z) * s rounded
     once in x's dtype, fp32 split-K partials added in a fixed order); large fp16 M runs dequantize + cuBLAS
     (a temporary dense [K, N] weight), except while the stream is capturing a CUDA graph, where the fused
     GEMM runs instead because CuPy cannot capture cuBLAS.
@@ -278,10 +277,10 @@ def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
 _NULL = np.uint64(0)      # a null pointer argument
 
 
-def rounds_weights(M: int, batch_invariant: bool = False) -> bool:
+def rounds_weights(M: int, batch_invariant: bool = False, arch_key: str = "90") -> bool:
     """Whether matmul at this M multiplies x by the weights rounded to x's dtype, T((q - z) * s) (like
-    ``dequantize``), or by the exact (q - z) * s with the scale applied to fp32 group sums (the M <= 8 GEMV)."""
-    return batch_invariant or M > 8
+    ``dequantize``), or by the exact (q - z) * s with the scale applied to fp32 group sums (the GEMV)."""
+    return batch_invariant or M > dispatch.for_arch(arch_key).gemv_max_m
 
 
 def uses_cublas(M: int, dtype: str, arch_key: str = "90", batch_invariant: bool = False) -> bool:
@@ -305,9 +304,11 @@ def plan_gemv(NT: int, pairs: int, resident_ctas: int, warps_per_cta: int) -> tu
 
 def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count):
     from .jit import arch_of_device
-    from .kernels import GEMV_WARPS, gemv_depth, gemv_smem_bytes, gemv_variant, kernel
+    from .kernels import GEMV_TOKEN_BLOCKS, GEMV_WARPS, gemv_depth, gemv_smem_bytes, gemv_variant, kernel
 
-    nb = 1 if M <= 8 else 2 if M <= 16 else 4
+    nb = -(-M // 8)
+    if nb not in GEMV_TOKEN_BLOCKS:
+        raise ValueError(f"no GEMV variant for M={M}; the dispatch table's gemv_max_m exceeds the kernel table")
     arch = arch_of_device(w.device)
     depth = gemv_depth(arch, nb)
     smem = gemv_smem_bytes(nb, depth)

@@ -162,8 +162,6 @@ class QuantizedWeight:
 
         ``weight`` is in nn.Linear / checkpoint layout ``[N, K]`` (out_features, in_features), like
         ``awq_cupy.quantize``; numpy or cupy, fp16 or fp32."""
-        import cupy
-
         from .formats import pack
         from .quantize import quantize
 

@@ -1,4 +1,4 @@
-// gemv_tc.cu: W4A16 matmul for few rows (M <= 32) on tensor cores with A and B swapped:
+// gemv_tc.cu: W4A16 matmul for few rows (8 NB tokens; M <= 8 is dispatched here) on tensor cores, A and B swapped:
 //   y^T[N, M] = W^T[N, K] @ x^T[K, M],   fp32 accumulation, one final rounding.
 //
 // Why swapped: with M <= 8 the 16-row A operand of mma.m16n8k16 would be mostly padding. Taking the weights as
