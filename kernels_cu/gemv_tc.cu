@@ -113,16 +113,21 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, (NB == 1 && AWQ_CUPY_CC >= 
   };
   float acc[4][NB][4];
   float accg[SCALE_IN_ACC ? 4 : 1][NB][4];
-  auto zero_acc = [&]() {
+  // Visit every accumulator element: c fragment e of (j, nb) holds channel 16j + g8 + 8(e >> 1) of the n-tile
+  // and token 8nb + kofs + (e & 1).
+  auto each = [&](auto&& f) {
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          acc[j][nb][e] = 0.f;
-          if (SCALE_IN_ACC) accg[j][nb][e] = 0.f;
-        }
+        for (int e = 0; e < 4; ++e) f(j, nb, e, 16 * j + g8 + 8 * (e >> 1), 8 * nb + kofs + (e & 1));
+  };
+  auto zero_acc = [&]() {
+    each([&](int j, int nb, int e, int, int) {
+      acc[j][nb][e] = 0.f;
+      if (SCALE_IN_ACC) accg[j][nb][e] = 0.f;
+    });
   };
   zero_acc();
 
@@ -160,15 +165,10 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, (NB == 1 && AWQ_CUPY_CC >= 
   };
   auto flush = [&]() {   // acc += s * accg per channel: rows g -> m = 2j, rows g + 8 -> m = 2j + 1
     if (SCALE_IN_ACC) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            acc[j][nb][e] = fmaf(sf[2 * j + (e >> 1)], accg[j][nb][e], acc[j][nb][e]);
-            accg[j][nb][e] = 0.f;
-          }
+      each([&](int j, int nb, int e, int, int) {
+        acc[j][nb][e] = fmaf(sf[2 * j + (e >> 1)], accg[j][nb][e], acc[j][nb][e]);
+        accg[j][nb][e] = 0.f;
+      });
     }
   };
   // Hand the finished n-tile `nt` to y, directly or through the partials of its C contributors.
@@ -177,32 +177,21 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, (NB == 1 && AWQ_CUPY_CC >= 
     const int ncontrib = (int)(last - first + 1);
     const int mlim = min(M, TOK);
     if (ncontrib == 1) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int n = nt * 64 + 16 * j + g8 + 8 * (e >> 1), tok = 8 * nb + kofs + (e & 1);
-            if (tok < mlim && n < N) {
-              float v = acc[j][nb][e];
-              if (bias != nullptr) v += Traits<T>::to_float(bias[n]);
-              y[(long long)tok * N + n] = Traits<T>::from_float(v);
-            }
-          }
+      each([&](int j, int nb, int e, int ch, int tok) {
+        const int n = nt * 64 + ch;
+        if (tok < mlim && n < N) {
+          float v = acc[j][nb][e];
+          if (bias != nullptr) v += Traits<T>::to_float(bias[n]);
+          y[(long long)tok * N + n] = Traits<T>::from_float(v);
+        }
+      });
       return;
     }
     // Shared n-tile: add this run's sums into the fp32 accumulator (fire-and-forget reductions in L2); the
     // last of the n-tile's contributors converts the total once and leaves the accumulator at zero again.
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int ch = 16 * j + g8 + 8 * (e >> 1), tok = 8 * nb + kofs + (e & 1);
-          if (tok < mlim) atomicAdd(accum + (long long)tok * Np + nt * 64 + ch, acc[j][nb][e]);
-        }
+    each([&](int j, int nb, int e, int ch, int tok) {
+      if (tok < mlim) atomicAdd(accum + (long long)tok * Np + nt * 64 + ch, acc[j][nb][e]);
+    });
     __threadfence();
     __syncwarp();
     int is_last = 0;
