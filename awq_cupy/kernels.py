@@ -62,23 +62,27 @@ GEMV_TOKEN_BLOCKS = (1,)
 GEMV_WARPS = 8
 
 
-def gemv_smem_bytes(token_blocks: int, depth: int) -> int:
+GEMV_CHUNKS = (2, 4)   # k16 steps per loop iteration: 4 when groups allow (G % 64 == 0 or one group), else 2
+
+
+def gemv_smem_bytes(token_blocks: int, chunk: int, depth: int) -> int:
     """Dynamic shared memory of awq_gemv_tc_kernel (must match the kernel's ring layout)."""
-    return GEMV_WARPS * depth * (1024 + 8 * token_blocks * 64)
+    return GEMV_WARPS * depth * chunk * (512 + 256 * token_blocks)
 
 
-def gemv_depth(arch: Arch, token_blocks: int) -> int:
+def gemv_depth(arch: Arch, token_blocks: int, chunk: int) -> int:
+    """Ring slots: 16 k16 steps in flight per warp where 96 KB per CTA fits (two CTAs per sm_90 SM)."""
     budget = 96 * 1024 if arch.smem_optin >= 97 * 1024 else arch.smem_optin - 4096
-    return min(8, budget // gemv_smem_bytes(token_blocks, 1))
+    return max(2, min(16 // chunk, budget // gemv_smem_bytes(token_blocks, chunk, 1)))
 
 
-def gemv_variant(dtype: str, token_blocks: int, depth: int) -> str:
-    return f"awq_gemv_tc_kernel<{CTYPE[dtype]}, {token_blocks}, {depth}>"
+def gemv_variant(dtype: str, token_blocks: int, chunk: int, depth: int) -> str:
+    return f"awq_gemv_tc_kernel<{CTYPE[dtype]}, {token_blocks}, {chunk}, {depth}>"
 
 
 GEMV_TC = KernelFamily("gemv_tc", "gemv_tc.cu",
-                       lambda arch: tuple(gemv_variant(d, nb, gemv_depth(arch, nb)) for d in gemm_dtypes(arch)
-                                          for nb in GEMV_TOKEN_BLOCKS),
+                       lambda arch: tuple(gemv_variant(d, nb, ch, gemv_depth(arch, nb, ch)) for d in gemm_dtypes(arch)
+                                          for nb in GEMV_TOKEN_BLOCKS for ch in GEMV_CHUNKS),
                        hot=True)
 
 BENCH_UTIL = KernelFamily("bench_util", "bench_util.cu", lambda arch: ("awq_spin_kernel", "awq_touch_kernel"),

@@ -288,15 +288,15 @@ def uses_cublas(M: int, dtype: str, arch_key: str = "90", batch_invariant: bool 
     return not batch_invariant and dtype == "float16" and M >= dispatch.for_arch(arch_key).cublas_min_m
 
 
-GEMV_MIN_PAIRS = 2        # fewest k32 pairs a GEMV warp streams (below this, fewer warps)
+GEMV_MIN_CHUNKS = 1       # fewest chunks a GEMV warp streams (below this, fewer warps)
 
 
-def plan_gemv(NT: int, pairs: int, resident_ctas: int, warps_per_cta: int) -> tuple[int, int]:
-    """(grid CTAs, pairs per warp) for the striped GEMV: the NT x pairs k32 pairs are cut into equal runs,
+def plan_gemv(NT: int, chunks: int, resident_ctas: int, warps_per_cta: int) -> tuple[int, int]:
+    """(grid CTAs, chunks per warp) for the striped GEMV: the NT x chunks work units are cut into equal runs,
     one per warp of a grid that fills the GPU's resident capacity once (fewer warps when runs would be shorter
-    than GEMV_MIN_PAIRS). Depends on (K, N) and the GPU, not on M."""
-    total = NT * pairs
-    warps = max(1, min(resident_ctas * warps_per_cta, -(-total // GEMV_MIN_PAIRS)))
+    than GEMV_MIN_CHUNKS). Depends on (K, N) and the GPU, not on M."""
+    total = NT * chunks
+    warps = max(1, min(resident_ctas * warps_per_cta, -(-total // GEMV_MIN_CHUNKS)))
     L = -(-total // warps)
     grid = -(-(-(-total // L)) // warps_per_cta)
     return grid, L
@@ -310,16 +310,17 @@ def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count):
     if nb not in GEMV_TOKEN_BLOCKS:
         raise ValueError(f"no GEMV variant for M={M}; the dispatch table's gemv_max_m exceeds the kernel table")
     arch = arch_of_device(w.device)
-    depth = gemv_depth(arch, nb)
-    smem = gemv_smem_bytes(nb, depth)
-    k = kernel("gemv_tc", gemv_variant(kind, nb, depth), w.device)
-    pairs = -(-w.K // 32)
-    grid, L = plan_gemv(w.NT, pairs, k.resident_blocks(32 * GEMV_WARPS, smem) * sm_count, GEMV_WARPS)
+    chunk = 4 if (w.group_size % 64 == 0 or w.NG == 1) else 2
+    depth = gemv_depth(arch, nb, chunk)
+    smem = gemv_smem_bytes(nb, chunk, depth)
+    k = kernel("gemv_tc", gemv_variant(kind, nb, chunk, depth), w.device)
+    chunks = -(-w.K // (16 * chunk))
+    grid, L = plan_gemv(w.NT, chunks, k.resident_blocks(32 * GEMV_WARPS, smem) * sm_count, GEMV_WARPS)
     accum = _zeroed_f32(M * w.NT * 64, w.device)
     counters = _counters(w.NT, w.device)
     k.launch((grid,), (32 * GEMV_WARPS,),
              (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, accum, counters, as_i32(M), as_i32(w.N),
-              as_i32(w.K), as_i32(w.NT), as_i32(w.KT), as_i32(w.group_size), as_i32(w.NG), as_i32(pairs), as_i32(L)),
+              as_i32(w.K), as_i32(w.NT), as_i32(w.KT), as_i32(w.group_size), as_i32(w.NG), as_i32(chunks), as_i32(L)),
              smem=smem)
 
 

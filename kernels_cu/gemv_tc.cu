@@ -12,16 +12,17 @@
 // launches (the last contributor of an n-tile resets them).
 //
 // Work split ("stripes", after Marlin's striped partitioning, at warp level): the NT x P k32 pairs of the
-// whole problem (a pair = two k16 steps, P = ceil(K / 32)), n-tile major, are cut into equal contiguous runs of L pairs, one per warp of the grid (the
+// whole problem (a chunk = CH k16 steps, C = ceil(K / 16 CH)), n-tile major, are cut into equal contiguous runs of L chunks, one per warp of the grid (the
 // grid is sized to the GPU's resident capacity), so every warp streams the same number of bytes whatever the
 // shape. A run that covers a whole n-tile writes y directly; warps sharing an n-tile add their fp32 sums into
 // accum (red.global.add) and the last to arrive (atomic counter) rounds the total once. The order of those fp32
 // additions is not fixed, so results may differ run to run by fp32 rounding (matmul(batch_invariant=True)
 // takes the deterministic GEMM path).
-// Memory pipeline: each warp owns a D-deep ring of pairs in shared memory; per pair every lane cp.asyncs its two
+// Memory pipeline: each warp owns a D-deep ring of chunks in shared memory; per chunk every lane cp.asyncs its CH
 // 16-byte weight words (.cg: L2 only; the L2::cache_hint form raised 'illegal instruction' in the NB = 2 variant
-// on the H200, see bench/NOTES.md) and the warp copies the pair's x rows (8 NB tokens x 32 k, XOR-swizzled 16-byte chunks) for ldmatrix.x4.
-// Working in pairs halves the per-step bookkeeping (ring wait, issue, group check), which bounds this kernel.
+// on the H200, see bench/NOTES.md) and the warp copies the chunk's x rows (8 NB tokens x 16 CH k, XOR-swizzled 16-byte pieces) for ldmatrix.x4.
+// Working in chunks of 4 steps (2 when G = 32) divides the per-step bookkeeping (ring wait, issue, group check),
+// which bounds this kernel, by the chunk size.
 // No block barrier in the main loop: a lane reads back its own weight copy after cp.async.wait_group, and
 // __syncwarp publishes the x rows to the warp. Scales/zeros of the next (n-tile, group) are prefetched into
 // registers one group ahead.
@@ -38,10 +39,11 @@ AWQ_DEVICE void ldmatrix_x2(u32& r0, u32& r1, const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(smem_addr(p)));
 }
 
-// Dynamic shared memory: KW * D * (1024 + 8 NB * 64) bytes (weight words + x rows of every warp's ring); the
+// Dynamic shared memory: KW * D * CH * (512 + 256 NB) bytes (weight words + x rows of every warp's ring); the
 // Python side computes the same number (awq_cupy.kernels.gemv_smem_bytes).
 // Two CTAs (16 warps) per SM need <= 128 registers; only sm_90 has the shared memory for two 96 KB rings.
-template <typename T, int NB, int D>
+// CH: k16 steps per loop iteration ("chunk", 2 or 4); groups must span whole chunks (G % 16 CH == 0 or G == K).
+template <typename T, int NB, int CH, int D>
 __global__ void __launch_bounds__(32 * awq_gemv::KW, (NB == 1 && AWQ_CUPY_CC >= 900) ? 2 : 1) awq_gemv_tc_kernel(
     const T* __restrict__ x,          // [M, K] activations
     const uint4* __restrict__ qtiles, // [NT][KT][32] weight tiles
@@ -54,59 +56,64 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, (NB == 1 && AWQ_CUPY_CC >= 
     int M, int N, int K,              // problem size
     int NT, int KT,                   // n-tiles, k16 tiles per n-tile (padded)
     int G, int NG,                    // group size, number of groups
-    int pairs,                        // k32 pairs per n-tile: ceil(K / 32) (KT >= 2 pairs, zero-padded)
-    int L) {                          // pairs per warp
+    int chunks,                       // chunks per n-tile: ceil(K / (16 CH)) (KT >= CH chunks, zero-padded)
+    int L) {                          // chunks per warp
   using namespace awq_gemv;
   constexpr int TOK = 8 * NB;
+  constexpr int KC = 16 * CH;                    // k per chunk
+  constexpr int XC = 2 * CH;                     // 16-byte pieces per x row of a chunk
+  constexpr int XR = NB * CH / 2;                // x pieces each lane copies per chunk (TOK * XC / 32)
   constexpr bool SCALE_IN_ACC = NB == 1;
   extern __shared__ __align__(16) uint4 smem4[];
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const long long gw = (long long)blockIdx.x * KW + warp;
-  const int steps = pairs;                       // the run/n-tile bookkeeping below counts pairs
+  const int steps = chunks;                      // the run/n-tile bookkeeping below counts chunks
   const long long total = (long long)NT * steps;
   const long long u0 = gw * L, u1 = min(total, u0 + L);
   if (u0 >= u1) return;                          // no block barrier below: idle warps may leave
   const int Np = NT * 64;
   const int g8 = lane >> 2, kofs = 2 * (lane & 3);
-  uint4* ring_w = smem4 + warp * D * 64;                                            // [D][2][32] uint4
-  T* ring_x = reinterpret_cast<T*>(smem4 + KW * D * 64) + warp * D * TOK * 32;      // [D][TOK][32]
+  uint4* ring_w = smem4 + warp * D * CH * 32;                                       // [D][CH][32] uint4
+  T* ring_x = reinterpret_cast<T*>(smem4 + KW * D * CH * 32) + warp * D * TOK * KC; // [D][TOK][KC]
+  // x rows are XC 16-byte pieces; piece c of row t is stored at swz(t, c) so that the 8 rows an ldmatrix phase
+  // reads fall in 8 different bank groups (rows of 128 B: c ^ (t % 8); rows of 64 B: c ^ ((t / 2) % 4)).
+  auto swz = [](int t, int c) { return XC == 8 ? (c ^ (t & 7)) : (c ^ ((t >> 1) & 3)); };
 
-  // Issue cursor: the pair u0 + issued, as running pointers (no divisions or multiplies in the loop). Lane l
-  // copies weight word l of both steps and x chunk (l & 3) (8 k) of rows l / 4 + 8 r, r < NB. x rows hold 32 k
-  // as four 16-byte chunks; chunk c of row t is stored at c ^ ((t >> 1) & 3), so each 8-row ldmatrix phase
-  // touches eight different bank groups.
+  // Issue cursor: the chunk u0 + issued, as running pointers (no divisions or multiplies in the loop). Lane l
+  // copies weight word l of the chunk's CH steps and the x pieces lane + 32 r (row (lane + 32 r) / XC).
   int i_st = (int)(u0 % steps);
-  int i_left = (int)(u1 - u0);                                 // pairs still to issue
-  const uint4* i_w = qtiles + ((u0 / steps) * KT + 2 * i_st) * 32 + lane;
-  const int xrow = lane >> 2, xchunk = lane & 3;
-  bool xok[NB];
-  const T* i_x[NB];
+  int i_left = (int)(u1 - u0);                                 // chunks still to issue
+  const uint4* i_w = qtiles + ((u0 / steps) * KT + CH * i_st) * 32 + lane;
+  const int xc = lane % XC;
+  bool xok[XR];
+  const T* i_x[XR];
+  int xoff[XR];
 #pragma unroll
-  for (int r = 0; r < NB; ++r) {
-    xok[r] = xrow + 8 * r < M;
-    i_x[r] = x + (long long)(xok[r] ? xrow + 8 * r : 0) * K + 32 * i_st + 8 * xchunk;
+  for (int r = 0; r < XR; ++r) {
+    const int row = (lane + 32 * r) / XC;
+    xok[r] = row < M;
+    i_x[r] = x + (long long)(xok[r] ? row : 0) * K + KC * i_st + 8 * xc;
+    xoff[r] = row * KC + 8 * swz(row, xc);
   }
-  int i_k = 32 * i_st + 8 * xchunk;                            // k of this lane's x chunks
-  T* ring_x_lane = ring_x + xrow * 32 + 8 * (xchunk ^ ((xrow >> 1) & 3));
+  int i_k = KC * i_st + 8 * xc;                                // k of this lane's x pieces
   auto issue = [&](int slot) {
     if (i_left > 0) {
-      cp_async16(ring_w + slot * 64 + lane, i_w, true);
-      cp_async16(ring_w + slot * 64 + 32 + lane, i_w + 32, true);
 #pragma unroll
-      for (int r = 0; r < NB; ++r)     // row xrow + 8r has the same swizzle as xrow ((8r >> 1) & 3 == 0)
-        cp_async16(ring_x_lane + slot * (TOK * 32) + r * 256, i_x[r], xok[r] && i_k < K);
+      for (int t = 0; t < CH; ++t) cp_async16(ring_w + (slot * CH + t) * 32 + lane, i_w + 32 * t, true);
+#pragma unroll
+      for (int r = 0; r < XR; ++r) cp_async16(ring_x + slot * (TOK * KC) + xoff[r], i_x[r], xok[r] && i_k < K);
       --i_left;
-      i_w += 64;
-      i_k += 32;
+      i_w += CH * 32;
+      i_k += KC;
 #pragma unroll
-      for (int r = 0; r < NB; ++r) i_x[r] += 32;
+      for (int r = 0; r < XR; ++r) i_x[r] += KC;
       if (++i_st == steps) {
         i_st = 0;
-        i_w += (long long)(KT - 2 * steps) * 32;
-        i_k = 8 * xchunk;
+        i_w += (long long)(KT - CH * steps) * 32;
+        i_k = 8 * xc;
 #pragma unroll
-        for (int r = 0; r < NB; ++r) i_x[r] -= 32 * steps;
+        for (int r = 0; r < XR; ++r) i_x[r] -= KC * steps;
       }
     }
     cp_async_commit();
@@ -136,7 +143,7 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, (NB == 1 && AWQ_CUPY_CC >= 
   float sf[8];
   uint4 zn, sn;
   int c_nt = (int)(u0 / steps), c_st = (int)(u0 - (long long)c_nt * steps);
-  int p_nt = c_nt, p_g = min(32 * c_st / G, NG - 1);     // the (n-tile, group) zn/sn hold
+  int p_nt = c_nt, p_g = min(KC * c_st / G, NG - 1);     // the (n-tile, group) zn/sn hold
   auto prefetch = [&]() {
     if (p_nt < NT) {
       const long long off = (long long)p_g * Np + p_nt * 64 + g8 * 8;
@@ -146,7 +153,7 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, (NB == 1 && AWQ_CUPY_CC >= 
   };
   auto advance_prefetch = [&]() {   // the group after (p_nt, p_g) in the warp's stream
     const int next_k = (p_g + 1) * G;
-    if (p_g + 1 < NG && next_k < 32 * steps) ++p_g;
+    if (p_g + 1 < NG && next_k < KC * steps) ++p_g;
     else { ++p_nt; p_g = 0; }
   };
   auto take_group = [&]() {
@@ -214,22 +221,17 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, (NB == 1 && AWQ_CUPY_CC >= 
 #pragma unroll
   for (int i = 0; i < D - 1; ++i) issue(i);
 
-  // Group tracking without divisions: g_left = pairs before the current group ends (G % 32 == 0, or a single
-  // group G == K).
-  const int g_pairs = max(1, G / 32);
+  // Group tracking without divisions: g_left = chunks before the current group ends.
+  const int g_chunks = max(1, G / KC);
   int slot = 0, g_left = 0, cur_g = -1;
   const int run = (int)(u1 - u0);
   for (int it = 0; it < run; ++it) {
     cp_async_wait<D - 2>();
     __syncwarp();
-    const uint4 wc0 = ring_w[slot * 64 + lane], wc1 = ring_w[slot * 64 + 32 + lane];
-    u32 xf[NB][4];   // (b0, b1) of the pair's first step, then of its second
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {   // lanes 8q..8q+7 address chunk q of token rows 8nb..8nb+7
-      const int row = 8 * nb + (lane & 7), chunk = lane >> 3;
-      ldmatrix_x4(xf[nb], ring_x + slot * (TOK * 32) + row * 32 + 8 * (chunk ^ ((row >> 1) & 3)));
-    }
-    issue(slot == 0 ? D - 1 : slot - 1);   // refill the slot consumed in the previous iteration
+    // Read this chunk's slot step by step below (fewer live registers); refill the slot consumed in the
+    // previous iteration first, so its loads are in flight during the math.
+    const int cs = slot;
+    issue(slot == 0 ? D - 1 : slot - 1);
     slot = slot + 1 == D ? 0 : slot + 1;
 
     if (g_left == 0) {                       // a new group (or the first pair of the run / of an n-tile)
@@ -237,14 +239,22 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, (NB == 1 && AWQ_CUPY_CC >= 
       take_group();
       advance_prefetch();
       prefetch();
-      cur_g = cur_g < 0 ? min(32 * c_st / G, NG - 1) : cur_g + 1;
-      g_left = cur_g == NG - 1 ? steps - c_st : g_pairs - (c_st - cur_g * g_pairs);
+      cur_g = cur_g < 0 ? min(KC * c_st / G, NG - 1) : cur_g + 1;
+      g_left = cur_g == NG - 1 ? steps - c_st : g_chunks - (c_st - cur_g * g_chunks);
     }
     --g_left;
+    u32 xf[NB][4];   // (b0, b1) of the current k32 half's first k16 step, then of its second
 #pragma unroll
-    for (int t = 0; t < 2; ++t) {
-      const uint4 wc = t ? wc1 : wc0;
-      const u32 words[4] = {wc.x, wc.y, wc.z, wc.w};
+    for (int t = 0; t < CH; ++t) {
+      if ((t & 1) == 0) {
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {   // lanes 8q..8q+7 address piece 2t + q of token rows 8nb..8nb+7
+          const int row = 8 * nb + (lane & 7), c = 2 * t + (lane >> 3);
+          ldmatrix_x4(xf[nb], ring_x + cs * (TOK * KC) + row * KC + 8 * swz(row, c));
+        }
+      }
+      const uint4 wv = ring_w[(cs * CH + t) * 32 + lane];
+      const u32 words[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const u32 w = words[j];
@@ -262,8 +272,9 @@ __global__ void __launch_bounds__(32 * awq_gemv::KW, (NB == 1 && AWQ_CUPY_CC >= 
         }
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb) {
-          if (SCALE_IN_ACC) mma_16816<T>(accg[j][nb], a, xf[nb][2 * t], xf[nb][2 * t + 1]);
-          else mma_16816<T>(acc[j][nb], a, xf[nb][2 * t], xf[nb][2 * t + 1]);
+          const u32* b = xf[nb] + 2 * (t & 1);
+          if (SCALE_IN_ACC) mma_16816<T>(accg[j][nb], a, b[0], b[1]);
+          else mma_16816<T>(acc[j][nb], a, b[0], b[1]);
         }
       }
     }
