@@ -272,7 +272,9 @@ def parse_ptxas_log(log: str) -> dict[str, Resources]:
 
 def compile_options(family: KernelFamily, arch: Arch) -> list[str]:
     """Every NVRTC option for (family, arch): the one place that maps an arch to compile flags."""
-    opts = [f"-arch={arch.target}", "--std=c++17", f"-I{_cuda_include_dir()}",
+    # -default-device: unannotated functions (and generic lambdas) are device code; NVRTC 13.0 rejects them
+    # otherwise, while 13.5 accepts them.
+    opts = [f"-arch={arch.target}", "--std=c++17", "-default-device", f"-I{_cuda_include_dir()}",
             f"-DAWQ_CUPY_CC={arch.cc * 10}", "--ptxas-options=-v", "-lineinfo"]
     opts += [f"-D{k}={v}" for k, v in family.defines]
     return opts
