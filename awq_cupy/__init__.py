@@ -7,7 +7,9 @@ Importing this package compiles nothing, queries no device and does not import C
 """
 from importlib.metadata import PackageNotFoundError, version as _version
 
-from . import formats, layout, reference
+from . import awq, formats, layout, reference
+from .awq import (AWQResult, calibration_stats, fold_scales_into_linear, fold_scales_into_norm, quantize_awq,
+                  search_clip, search_scales)
 from .checkpoint import Checkpoint, CheckpointError, QuantizedLayer, load_checkpoint, save_checkpoint
 from .ops import dequantize, dequantize_gemm, gemm, matmul
 from .quantize import QuantizedTensors, quantize
@@ -20,4 +22,5 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 
 __all__ = ["QuantizedWeight", "matmul", "gemm", "dequantize", "dequantize_gemm", "quantize", "QuantizedTensors",
            "load_checkpoint", "save_checkpoint", "Checkpoint", "QuantizedLayer", "CheckpointError", "formats",
-           "layout", "reference", "__version__"]
+           "layout", "reference", "awq", "quantize_awq", "search_scales", "search_clip", "fold_scales_into_norm",
+           "fold_scales_into_linear", "calibration_stats", "AWQResult", "__version__"]

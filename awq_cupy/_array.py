@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-__all__ = ["get_xp", "is_cupy", "to_numpy", "bfloat16_dtype", "is_bfloat16", "gpu_available"]
+__all__ = ["get_xp", "is_cupy", "to_numpy", "bfloat16_dtype", "is_bfloat16", "gpu_available", "make_reporter"]
 
 
 def is_cupy(a) -> bool:
@@ -63,3 +63,22 @@ def gpu_available() -> bool:
         except Exception:
             _GPU_AVAILABLE = False
     return _GPU_AVAILABLE
+
+
+def make_reporter(progress, big: bool):
+    """A progress callback ``(done, total, description)`` from a ``progress`` option: a callable is used as it
+    is; True prints to stderr; False reports nothing; None prints only when stderr is a terminal and the job is
+    ``big``."""
+    if callable(progress) and not isinstance(progress, bool):
+        return progress
+    if progress is not None and not isinstance(progress, bool):
+        raise TypeError(f"progress must be None, a bool or a callable, got {type(progress).__name__}")
+    show = progress if progress is not None else (sys.stderr.isatty() and big)
+    if not show:
+        return None
+
+    def report(done: int, total: int, desc: str):
+        sys.stderr.write(f"\r[awq_cupy] {desc} {done}/{total}" + ("\n" if done >= total else ""))
+        sys.stderr.flush()
+
+    return report

@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from . import formats
-from ._array import is_bfloat16, to_numpy
+from ._array import is_bfloat16, make_reporter, to_numpy
 from .quantize import QuantizedTensors
 from .safetensors_io import SafetensorsError, SafetensorsFile, TensorInfo, dtype_code_of, write_file
 
@@ -273,17 +272,7 @@ class Checkpoint:
 # Loading
 
 def _make_progress(progress, total_bytes: int) -> Callable[[int, int, str], None] | None:
-    if callable(progress) and not isinstance(progress, bool):
-        return progress
-    show = progress if progress is not None else (sys.stderr.isatty() and total_bytes >= _AUTO_PROGRESS_BYTES)
-    if not show:
-        return None
-
-    def report(done: int, total: int, desc: str):
-        sys.stderr.write(f"\r[awq_cupy] {desc} {done}/{total}" + ("\n" if done >= total else ""))
-        sys.stderr.flush()
-
-    return report
+    return make_reporter(progress, total_bytes >= _AUTO_PROGRESS_BYTES)
 
 
 def _weight_files(d: Path) -> tuple[list[Path], dict | None, Path | None]:
