@@ -3,7 +3,7 @@
 //
 // Why swapped: with M <= 8 the 16-row A operand of mma.m16n8k16 would be mostly padding. Taking the weights as
 // A (16 output channels per mma) and x^T as B (8 tokens per mma) halves the tensor-core work at M <= 8 and
-// wastes none at M = 8, 16, 32. The weight tile layout (awq_cupy/layout.py) serves both roles: lane (r, c)'s
+// wastes none at M = 8 (the template also covers 16 and 32 tokens). The weight tile layout (awq_cupy/layout.py) serves both roles: lane (r, c)'s
 // word j, converted as (w, w >> 8, w >> 4, w >> 12), is the A fragment {a0, a1, a2, a3} of channels
 // 16j + c (rows g) and 16j + c + 8 (rows g + 8) at k (2r, 2r+1), (2r+8, 2r+9).
 //
@@ -11,24 +11,24 @@
 // permuted; bias T [N] or null; y T [M, N]); accum float [M, Np] and counters int [NT], both zero between
 // launches (the last contributor of an n-tile resets them).
 //
-// Work split ("stripes", after Marlin's striped partitioning, at warp level): the NT x P k32 pairs of the
-// whole problem (a chunk = CH k16 steps, C = ceil(K / 16 CH)), n-tile major, are cut into equal contiguous runs of L chunks, one per warp of the grid (the
-// grid is sized to the GPU's resident capacity), so every warp streams the same number of bytes whatever the
-// shape. A run that covers a whole n-tile writes y directly; warps sharing an n-tile add their fp32 sums into
-// accum (red.global.add) and the last to arrive (atomic counter) rounds the total once. The order of those fp32
-// additions is not fixed, so results may differ run to run by fp32 rounding (matmul(batch_invariant=True)
-// takes the deterministic GEMM path).
-// Memory pipeline: each warp owns a D-deep ring of chunks in shared memory; per chunk every lane cp.asyncs its CH
-// 16-byte weight words (.cg: L2 only; the L2::cache_hint form raised 'illegal instruction' in the NB = 2 variant
-// on the H200, see bench/NOTES.md) and the warp copies the chunk's x rows (8 NB tokens x 16 CH k, XOR-swizzled 16-byte pieces) for ldmatrix.x4.
-// Working in chunks of 4 steps (2 when G = 32) divides the per-step bookkeeping (ring wait, issue, group check),
-// which bounds this kernel, by the chunk size.
-// No block barrier in the main loop: a lane reads back its own weight copy after cp.async.wait_group, and
-// __syncwarp publishes the x rows to the warp. Scales/zeros of the next (n-tile, group) are prefetched into
-// registers one group ahead.
+// Work split ("stripes", after Marlin's striped partitioning, at warp level): the work of the whole problem,
+// NT n-tiles x C chunks (a chunk = CH k16 steps, C = ceil(K / 16 CH)), n-tile major, is cut into equal
+// contiguous runs of L chunks, one per warp of a grid sized to the GPU's resident capacity, so every warp
+// streams the same number of bytes whatever the shape. A run that covers a whole n-tile writes y directly;
+// warps sharing an n-tile add their fp32 sums into accum (red.global.add) and the last to arrive (atomic
+// counter) rounds the total once. The order of those fp32 additions is not fixed, so results may differ run to
+// run by fp32 rounding (matmul(batch_invariant=True) takes the deterministic GEMM path).
+// Memory pipeline: each warp owns a D-deep ring of chunks in shared memory. Per chunk every lane cp.asyncs its
+// CH 16-byte weight words (plain .cg: the L2::cache_hint form raised 'illegal instruction' in a 16-token variant
+// on the H200, see bench/NOTES.md) and the warp copies the chunk's x rows (8 NB tokens x 16 CH k, XOR-swizzled
+// 16-byte pieces) for ldmatrix.x4. Chunks of 4 steps (2 when G = 32) divide the per-step bookkeeping (ring
+// wait, issue, group check) by the chunk size. No block barrier in the main loop: a lane reads back its own
+// weight copy after cp.async.wait_group, and __syncwarp publishes the x rows to the warp. Scales/zeros of the
+// next (n-tile, group) are prefetched into registers one group ahead.
 // SCALE_IN_ACC (NB == 1): the weights enter the mma as exact (q - z) and each group's fp32 sum is multiplied by
 // the channel's scale at the group's end (16 fewer multiplies per step); otherwise (q - z) * s is formed in T.
-// Variants: T x NB (token blocks of 8: 1, 2, 4) x ring depth D per arch (table: awq_cupy/kernels.py). Launched by awq_cupy.matmul.
+// Variants: T x NB x CH x ring depth D per arch (table: awq_cupy/kernels.py; only NB = 1 is instantiated).
+// Launched by awq_cupy.matmul.
 #include "common.cuh"
 
 namespace awq_gemv {
