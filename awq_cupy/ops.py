@@ -72,8 +72,9 @@ def require_cupy(a, what: str, device_id: int | None = None):
     return a
 
 
-def contiguous(a, what: str):
-    """C-contiguous, 16-byte aligned version of ``a`` (a copy only when needed; weights, not hot-path data)."""
+def contiguous(a):
+    """C-contiguous, 16-byte aligned version of ``a``; copies only when ``a`` is neither (kernels use 16-byte
+    vector loads and see only the pointer)."""
     import cupy
 
     if not a.flags.c_contiguous:
@@ -135,8 +136,7 @@ def dequantize_gemm(qweight, qzeros, scales, group_size, *, dtype="float16", out
             raise ValueError("out must be C-contiguous and 16-byte aligned")
     if K == 0 or N == 0:
         return out
-    qweight, qzeros, scales = (contiguous(a, n) for a, n in ((qweight, "qweight"), (qzeros, "qzeros"),
-                                                             (scales, "scales")))
+    qweight, qzeros, scales = (contiguous(a) for a in (qweight, qzeros, scales))
     words = K * (N // 8)
     threads = 256
     blocks = min((words + threads - 1) // threads, 65535 * 8)
@@ -237,7 +237,7 @@ def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
             raise ValueError(f"bias has shape {bias.shape}, expected ({N},)")
         if bias.dtype != x.dtype:
             raise TypeError(f"bias has dtype {bias.dtype}, expected {x.dtype} like x")
-        bias = contiguous(bias, "bias")
+        bias = contiguous(bias)
     if out is None:
         out = cupy.empty(lead + (N,), dtype=x.dtype)
     else:
@@ -250,7 +250,7 @@ def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
             raise ValueError("out must not overlap x")
     if M == 0:
         return out
-    x2 = contiguous(x, "x").reshape(M, K)
+    x2 = contiguous(x).reshape(M, K)
     y2 = out.reshape(M, N)
 
     dev = w.device

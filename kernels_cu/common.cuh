@@ -189,15 +189,3 @@ template <> AWQ_DEVICE void mma_16816<__nv_bfloat16>(float (&c)[4], const u32 (&
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #endif
 }
-
-// 16-byte streaming load for data read exactly once (weights): no L1 allocation, L2 evict-first.
-AWQ_DEVICE uint4 ldg_stream16(const uint4* p, u64 policy) {
-  uint4 v;
-#if AWQ_CUPY_CC >= 800
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "l"(policy));
-#else
-  v = __ldg(p);
-#endif
-  return v;
-}

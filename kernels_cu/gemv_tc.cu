@@ -35,10 +35,6 @@ namespace awq_gemv {
 constexpr int KW = 8;  // warps per CTA (independent; the CTA only shares the SM's shared memory budget)
 }
 
-AWQ_DEVICE void ldmatrix_x2(u32& r0, u32& r1, const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(smem_addr(p)));
-}
-
 // Dynamic shared memory: KW * D * CH * (512 + 256 NB) bytes (weight words + x rows of every warp's ring); the
 // Python side computes the same number (awq_cupy.kernels.gemv_smem_bytes).
 // Two CTAs (16 warps) per SM need <= 128 registers; only sm_90 has the shared memory for two 96 KB rings.
