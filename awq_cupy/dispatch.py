@@ -1,6 +1,8 @@
 """Which kernel ``matmul`` runs for a given M, per GPU architecture: data, measured on the GPU named per row.
 
-``gemv_max_m``: largest M for the swapped-operand tensor-core GEMV (kernels_cu/gemv_tc.cu; at most 32).
+``gemv_max_m``: largest M for the swapped-operand tensor-core GEMV (kernels_cu/gemv_tc.cu; at most 16).
+``gemv_pairs_min_m``: smallest M at which the GEMV streams two 16-column blocks per warp unit (TW = 2: half the
+x traffic per weight byte, coarser balance across SMs) instead of one.
 ``cublas_min_m``: smallest M at which dequantize + cuBLAS (fp16 only) beats the fused GEMM; it is never used
 while the current stream is capturing a CUDA graph (CuPy cannot capture cuBLAS), nor with ``batch_invariant``.
 Measured with ``python -m awq_cupy bench`` (see bench/NOTES.md); archs without a row use ``default``.
@@ -14,14 +16,15 @@ from dataclasses import dataclass
 class Dispatch:
     gemv_max_m: int
     cublas_min_m: int
+    gemv_pairs_min_m: int = 9
 
 
 TABLE: dict[str, Dispatch] = {
     # H200 (sm_90), 2026-11-29, Mistral-7B layers summed (bench/NOTES.md, runs v1 and v8): the GEMV beats the
     # fused GEMM up to M = 8 but not at M = 16 (136 vs 108 us); the fused GEMM beats dequantize + cuBLAS at
     # M = 128 (323 vs 349 us) and loses at M = 256 (580 vs 350 us).
-    "90": Dispatch(gemv_max_m=8, cublas_min_m=256),
-    "default": Dispatch(gemv_max_m=8, cublas_min_m=256),
+    "90": Dispatch(gemv_max_m=16, cublas_min_m=256),
+    "default": Dispatch(gemv_max_m=16, cublas_min_m=256),
 }
 
 

@@ -54,35 +54,41 @@ def _gemm_variants(arch: Arch) -> tuple[str, ...]:
 
 GEMM_TC = KernelFamily("gemm_tc", "gemm_tc.cu", _gemm_variants, hot=True)
 
-# Swapped-operand tensor-core GEMV for M <= 32: token blocks of 8 per mma, a per-warp shared-memory ring of
-# D k32 pairs. The ring takes 96 KB per CTA where the arch allows (two CTAs per H100/H200 SM), else what fits.
-# Only one token block (M <= 8) is instantiated: 16- and 32-token variants ran slower than the fused GEMM on the
-# H200 (bench/NOTES.md, v7-v8), so the dispatch table never picks them.
-GEMV_TOKEN_BLOCKS = (1,)
-GEMV_WARPS = 8
+# Swapped-operand tensor-core GEMV for M <= 16 (kernels_cu/gemv_tc.cu): token blocks of 8 per mma (NB), column
+# groups of TW 16-column blocks per warp unit, a per-warp shared-memory ring of D 64-k units, one or two scale
+# groups per unit (GA: groups span whole 64-k blocks, or there is one group). One CTA per SM of up to 16 warps.
+GEMV_TOKEN_BLOCKS = (1, 2)
+GEMV_TILES = (1, 2)
+GEMV_MAX_WARPS = 16
 
 
-GEMV_CHUNKS = (2, 4)   # k16 steps per loop iteration: 4 when groups allow (G % 64 == 0 or one group), else 2
+def gemv_depth(arch: Arch) -> int:
+    """Ring depth (64-k units in flight per warp, plus one being read) by the arch's shared memory."""
+    if arch.cc < 80:
+        return 2          # no cp.async: copies are synchronous, double buffering is all that helps
+    return 8 if arch.smem_optin >= 200 * 1024 else 6 if arch.smem_optin >= 150 * 1024 else 4
 
 
-def gemv_smem_bytes(token_blocks: int, chunk: int, depth: int) -> int:
-    """Dynamic shared memory of awq_gemv_tc_kernel (must match the kernel's ring layout)."""
-    return GEMV_WARPS * depth * chunk * (512 + 256 * token_blocks)
+def gemv_slot_bytes(token_blocks: int, tiles: int, aligned: bool, rows: int) -> int:
+    """One ring slot: weights (tiles x 512 B), scale/zero words, ``rows`` x rows of 128 B (as in the kernel)."""
+    return tiles * 512 + (1 if aligned else 2) * tiles * 64 + rows * 128
 
 
-def gemv_depth(arch: Arch, token_blocks: int, chunk: int) -> int:
-    """Ring slots: 16 k16 steps in flight per warp where 96 KB per CTA fits (two CTAs per sm_90 SM)."""
-    budget = 96 * 1024 if arch.smem_optin >= 97 * 1024 else arch.smem_optin - 4096
-    return max(2, min(16 // chunk, budget // gemv_smem_bytes(token_blocks, chunk, 1)))
+def gemv_smem_bytes(warps: int, depth: int, token_blocks: int, tiles: int, aligned: bool, rows: int) -> int:
+    """Dynamic shared memory of awq_gemv_tc_kernel: zero row + fp32 partials + the warps' rings."""
+    return (16 + 2 * warps * 32 * tiles * token_blocks * 4 * 4
+            + warps * depth * gemv_slot_bytes(token_blocks, tiles, aligned, rows))
 
 
-def gemv_variant(dtype: str, token_blocks: int, chunk: int, depth: int) -> str:
-    return f"awq_gemv_tc_kernel<{CTYPE[dtype]}, {token_blocks}, {chunk}, {depth}>"
+def gemv_variant(dtype: str, token_blocks: int, tiles: int, depth: int, aligned: bool) -> str:
+    return (f"awq_gemv_tc_kernel<{CTYPE[dtype]}, {token_blocks}, {tiles}, {depth}, "
+            f"{'true' if aligned else 'false'}>")
 
 
 GEMV_TC = KernelFamily("gemv_tc", "gemv_tc.cu",
-                       lambda arch: tuple(gemv_variant(d, nb, ch, gemv_depth(arch, nb, ch)) for d in gemm_dtypes(arch)
-                                          for nb in GEMV_TOKEN_BLOCKS for ch in GEMV_CHUNKS),
+                       lambda arch: tuple(gemv_variant(d, nb, tw, gemv_depth(arch), ga) for d in gemm_dtypes(arch)
+                                          for nb in GEMV_TOKEN_BLOCKS for tw in GEMV_TILES
+                                          for ga in (True, False)),
                        hot=True)
 
 BENCH_UTIL = KernelFamily("bench_util", "bench_util.cu", lambda arch: ("awq_spin_kernel", "awq_touch_kernel"),

@@ -2,18 +2,20 @@
 
 A ``QuantizedWeight`` holds, for ``W[k, n] = (Q[k, n] - Z[g, n]) * S[g, n]`` with ``g = k // G``:
 
-* ``qtiles`` uint32 ``[NT, KT, 32, 4]`` with ``NT = Np / 64``, ``KT = Kp / 16`` and ``Np``, ``Kp`` = N, K rounded
-  up to multiples of 64 (``TILE_N`` and ``K_ALIGN``). Tile ``(nt, kt)`` covers ``k in [16 kt, 16 kt + 16)`` and
-  ``n in [64 nt, 64 nt + 64)`` in 512 contiguous bytes; lane ``l`` of a warp loads its 16 bytes
-  ``qtiles[nt, kt, l]``. With ``r = l % 4``, ``c = l // 4``, word ``j`` holds 8 codes, value ``v`` in nibble slot
-  ``REV[v]``::
+* ``qtiles`` uint32 ``[NT16, KS, 32, 4]`` with ``NT16 = Np / 16``, ``KS = Kp / 64`` and ``Np``, ``Kp`` = N, K rounded
+  up to multiples of 64 (``TILE_N`` and ``K_ALIGN``). Block ``(t, ks)`` covers ``n in [16 t, 16 t + 16)`` and
+  ``k in [64 ks, 64 ks + 64)`` in 512 contiguous bytes; lane ``l`` of a warp loads its 16 bytes
+  ``qtiles[t, ks, l]``, and word ``i`` of them is the k16 step ``4 ks + i``. With ``r = l % 4``, ``c = l // 4``,
+  word ``i`` holds 8 codes, value ``v`` in nibble slot ``REV[v]``::
 
-      Q[16 kt + 2r + (v & 1) + 8 ((v >> 1) & 1),  64 nt + 16 j + c + 8 (v >> 2)]
+      Q[64 ks + 16 i + 2r + (v & 1) + 8 ((v >> 1) & 1),  16 t + c + 8 (v >> 2)]
 
   so that the fp16/bf16 "magic number" conversion of ``(w, w >> 4)`` and ``(w >> 8, w >> 12)`` yields exactly
-  the lane's ``mma.m16n8k16`` B fragments of n8 blocks ``2j`` and ``2j + 1`` (Marlin's fragment order, with
-  asymmetric zeros). Tiles are stored n-tile major, so one warp streams its columns' K contiguously.
-  Codes outside ``K x N`` are 0: the kernels zero-fill ``x`` for ``k >= K`` and drop columns ``>= N``.
+  the lane's ``mma.m16n8k16`` B fragments of the two n8 blocks of the 16 columns (Marlin's fragment order, with
+  asymmetric zeros), or, read as ``(w, w >> 8, w >> 4, w >> 12)``, its A fragment when the weights are the
+  16-row operand (the GEMV). Blocks are stored column-block major: one 16-column block's whole K is contiguous,
+  so a warp streams any run of (block, k) units from one linear range. Codes outside ``K x N`` are 0: the
+  kernels zero-fill ``x`` for ``k >= K`` and drop columns ``>= N``.
 * ``scales`` ``[NG, Np]`` in the activation dtype, each 64-column chunk permuted so position ``8c + m`` holds
   column ``c + 8m`` (lane ``c`` then reads its 8 fragment columns with one 16-byte load); padded columns 0.
 * ``zeros`` ``[NG, Np]``, same permutation, holding ``MAGIC + Z`` as a 16-bit float (1024 + z in fp16,
@@ -42,30 +44,30 @@ def padded_sizes(K: int, N: int) -> tuple[int, int]:
 
 
 def pack_tiles(Q):
-    """Logical codes ``Q`` uint8 [K, N] -> ``qtiles`` uint32 [NT, KT, 32, 4] (reference for the repack kernel)."""
+    """Logical codes ``Q`` uint8 [K, N] -> ``qtiles`` uint32 [NT16, KS, 32, 4] (reference for the repack kernel)."""
     xp = get_xp(Q)
     K, N = Q.shape
     Kp, Np = padded_sizes(K, N)
     Qp = xp.zeros((Kp, Np), dtype=xp.uint32)
     Qp[:K, :N] = Q
-    KT, NT = Kp // TILE_K, Np // TILE_N
-    # k = 16 kt + 8 f + 2 r + e ; n = 64 nt + 16 j + 8 h + c ; lane = 4 c + r ; value v = 4 h + 2 f + e
-    T = Qp.reshape(KT, 2, 4, 2, NT, 4, 2, 8)                      # kt, f, r, e, nt, j, h, c
-    V = T.transpose(4, 0, 7, 2, 5, 6, 1, 3).reshape(NT, KT, 32, 4, 8)
-    words = xp.zeros((NT, KT, 32, 4), dtype=xp.uint32)
+    KS, NT16 = Kp // K_ALIGN, Np // 16
+    # k = 64 ks + 16 i + 8 f + 2 r + e ; n = 16 t + 8 h + c ; lane = 4 c + r ; value v = 4 h + 2 f + e
+    T = Qp.reshape(KS, 4, 2, 4, 2, NT16, 2, 8)                    # ks, i, f, r, e, t, h, c
+    V = T.transpose(5, 0, 7, 3, 1, 6, 2, 4).reshape(NT16, KS, 32, 4, 8)
+    words = xp.zeros((NT16, KS, 32, 4), dtype=xp.uint32)
     for v in range(8):
         words |= V[..., v] << xp.uint32(4 * int(REV[v]))
     return words
 
 
 def unpack_tiles(qtiles, K: int, N: int):
-    """Inverse of ``pack_tiles``: uint32 [NT, KT, 32, 4] -> uint8 [K, N]."""
+    """Inverse of ``pack_tiles``: uint32 [NT16, KS, 32, 4] -> uint8 [K, N]."""
     xp = get_xp(qtiles)
-    NT, KT = qtiles.shape[:2]
+    NT16, KS = qtiles.shape[:2]
     shifts = xp.asarray((4 * REV).astype(np.uint32))
-    V = (qtiles[..., None] >> shifts) & xp.uint32(0xF)                 # nt, kt, lane, j, v
-    V = V.reshape(NT, KT, 8, 4, 4, 2, 2, 2)                             # nt, kt, c, r, j, h, f, e
-    Qp = V.transpose(1, 6, 3, 7, 0, 4, 5, 2).reshape(KT * TILE_K, NT * TILE_N)
+    V = (qtiles[..., None] >> shifts) & xp.uint32(0xF)                 # t, ks, lane, i, v
+    V = V.reshape(NT16, KS, 8, 4, 4, 2, 2, 2)                           # t, ks, c, r, i, h, f, e
+    Qp = V.transpose(1, 4, 6, 3, 7, 0, 5, 2).reshape(KS * K_ALIGN, NT16 * 16)
     return Qp[:K, :N].astype(xp.uint8)
 
 

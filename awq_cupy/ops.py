@@ -288,40 +288,52 @@ def uses_cublas(M: int, dtype: str, arch_key: str = "90", batch_invariant: bool 
     return not batch_invariant and dtype == "float16" and M >= dispatch.for_arch(arch_key).cublas_min_m
 
 
-GEMV_MIN_CHUNKS = 1       # fewest chunks a GEMV warp streams (below this, fewer warps)
+def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: int = 132,
+              tiles: int | None = None) -> dict:
+    """Launch plan of the GEMV for M <= 16 tokens on ``arch`` (a jit.Arch; default sm_90): dict(variant
+    parameters token_blocks, tiles, depth, aligned; grid, warps, smem, slot, ntg). One CTA per SM (at most one
+    per column group of ``tiles`` 16-column blocks); the warp count is the largest of 16, 12, 8, 4 whose rings
+    fit the arch's shared memory. ``tiles`` defaults to the dispatch table's choice for M. The plan depends on
+    (M, K, N, G) and the GPU; the summation order on (K, N, G) and the GPU only."""
+    from .jit import ARCHS
+    from .kernels import GEMV_TILES, GEMV_TOKEN_BLOCKS, gemv_depth, gemv_slot_bytes, gemv_smem_bytes
+    from .layout import padded_sizes
 
-
-def plan_gemv(NT: int, chunks: int, resident_ctas: int, warps_per_cta: int) -> tuple[int, int]:
-    """(grid CTAs, chunks per warp) for the striped GEMV: the NT x chunks work units are cut into equal runs,
-    one per warp of a grid that fills the GPU's resident capacity once (fewer warps when runs would be shorter
-    than GEMV_MIN_CHUNKS). Depends on (K, N) and the GPU, not on M."""
-    total = NT * chunks
-    warps = max(1, min(resident_ctas * warps_per_cta, -(-total // GEMV_MIN_CHUNKS)))
-    L = -(-total // warps)
-    grid = -(-(-(-total // L)) // warps_per_cta)
-    return grid, L
-
-
-def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count):
-    from .jit import arch_of_device
-    from .kernels import GEMV_TOKEN_BLOCKS, GEMV_WARPS, gemv_depth, gemv_smem_bytes, gemv_variant, kernel
-
+    arch = ARCHS["90"] if arch is None else arch
     nb = -(-M // 8)
-    if nb not in GEMV_TOKEN_BLOCKS:
-        raise ValueError(f"no GEMV variant for M={M}; the dispatch table's gemv_max_m exceeds the kernel table")
-    arch = arch_of_device(w.device)
-    chunk = 4 if (w.group_size % 64 == 0 or w.NG == 1) else 2
-    depth = gemv_depth(arch, nb, chunk)
-    smem = gemv_smem_bytes(nb, chunk, depth)
-    k = kernel("gemv_tc", gemv_variant(kind, nb, chunk, depth), w.device)
-    chunks = -(-w.K // (16 * chunk))
-    grid, L = plan_gemv(w.NT, chunks, k.resident_blocks(32 * GEMV_WARPS, smem) * sm_count, GEMV_WARPS)
-    accum = _zeroed_f32(M * w.NT * 64, w.device)
-    counters = _counters(w.NT, w.device)
-    k.launch((grid,), (32 * GEMV_WARPS,),
-             (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, accum, counters, as_i32(M), as_i32(w.N),
-              as_i32(w.K), as_i32(w.NT), as_i32(w.KT), as_i32(w.group_size), as_i32(w.NG), as_i32(chunks), as_i32(L)),
-             smem=smem)
+    if M < 1 or nb not in GEMV_TOKEN_BLOCKS:
+        raise ValueError(f"no GEMV variant for M={M} (1 to {8 * max(GEMV_TOKEN_BLOCKS)} rows)")
+    tw = tiles if tiles is not None else (2 if M >= dispatch.for_arch(arch.key).gemv_pairs_min_m else 1)
+    if tw not in GEMV_TILES:
+        raise ValueError(f"tiles={tw} is not a GEMV variant; choose from {GEMV_TILES}")
+    Kp, Np = padded_sizes(K, N)
+    NG = max(1, K // group_size)
+    aligned = group_size % 64 == 0 or NG == 1
+    depth = gemv_depth(arch)
+    rows = min(M, 8 * nb)
+    ntg = (Np // 16) // tw
+    plan = dict(token_blocks=nb, tiles=tw, depth=depth, aligned=aligned, rows=rows,
+                grid=max(1, min(ntg, sm_count)), ntg=ntg, slot=gemv_slot_bytes(nb, tw, aligned, rows))
+    for warps in (16, 12, 8, 4):
+        smem = gemv_smem_bytes(warps, depth, nb, tw, aligned, rows)
+        if smem <= arch.smem_optin:
+            plan.update(warps=warps, smem=smem)
+            return plan
+    raise ValueError(f"the GEMV for M={M} does not fit the {arch.smem_optin} bytes of shared memory of "
+                     f"{arch.target}")
+
+
+def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count, tiles=None):
+    from .jit import arch_of_device
+    from .kernels import gemv_variant, kernel
+
+    p = plan_gemv(M, w.K, w.N, w.group_size, arch=arch_of_device(w.device), sm_count=sm_count, tiles=tiles)
+    k = kernel("gemv_tc", gemv_variant(kind, p["token_blocks"], p["tiles"], p["depth"], p["aligned"]), w.device)
+    k.launch((p["grid"],), (32 * p["warps"],),
+             (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(w.K),
+              as_i32(p["ntg"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(w.NT * 64),
+              as_i32(p["slot"])),
+             smem=p["smem"])
 
 
 def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant):
@@ -344,29 +356,6 @@ def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant):
         pairs = M * w.N // 2
         rk.launch((min(-(-pairs // 256), 4096),), (256,),
                   (ws, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(w.NT * 64), as_i32(splits)))
-
-
-_zeroed_bufs: dict = {}
-
-
-def _zeroed(n: int, dtype, device_id: int):
-    """A zero-initialised scratch buffer private to (device, current stream, dtype) that the kernels leave at
-    zero after each launch (arrival counters, fp32 accumulators). Never freed: see ``_workspace``."""
-    import cupy
-
-    key = (device_id, cupy.cuda.get_current_stream().ptr, np.dtype(dtype).str)
-    bufs = _zeroed_bufs.setdefault(key, [])
-    if not bufs or bufs[-1].size < n:
-        bufs.append(cupy.zeros(max(n, 4096), dtype=dtype))
-    return bufs[-1]
-
-
-def _counters(n: int, device_id: int):
-    return _zeroed(n, np.int32, device_id)
-
-
-def _zeroed_f32(n: int, device_id: int):
-    return _zeroed(n, np.float32, device_id)
 
 
 def _stage_bytes(mb: int) -> int:
@@ -412,10 +401,10 @@ def dequantize(w, dtype=None, *, out=None):
             require_cupy(out, "out", w.device)
             if out.shape != (w.K, w.N) or out.dtype != numpy_dtype(kind) or not out.flags.c_contiguous:
                 raise ValueError(f"out must be a C-contiguous [{w.K}, {w.N}] array of {numpy_dtype(kind)}")
-        tiles = w.NT * w.KT
+        blocks = w.NT * w.KS
         k = kernel("dequant", dequant_tiles_variant(kind), w.device)
-        k.launch((min(-(-tiles // 4), 1 << 20),), (128,),
-                 (w.qtiles, w.scales, w.zeros, out, as_i32(w.K), as_i32(w.N), as_i32(w.NT), as_i32(w.KT),
+        k.launch((min(-(-blocks // 4), 1 << 20),), (128,),
+                 (w.qtiles, w.scales, w.zeros, out, as_i32(w.K), as_i32(w.N), as_i32(w.NT), as_i32(w.KS),
                   as_i32(w.group_size), as_i32(w.NG)))
     return out
 

@@ -36,7 +36,7 @@ class QuantizedWeight:
 
     def __init__(self, *, qtiles, scales, zeros, K: int, N: int, group_size: int, dtype: str, bias=None,
                  _scales_fp16=None):
-        self.qtiles = qtiles          # uint32 [NT, KT, 32, 4]
+        self.qtiles = qtiles          # uint32 [NT16, KS, 32, 4] (awq_cupy/layout.py)
         self.scales = scales          # uint16 bits of dtype [NG, Np], permuted
         self.zeros = zeros            # uint16 bits of dtype [NG, Np], permuted MAGIC + z
         self.K, self.N, self.group_size, self.dtype = int(K), int(N), int(group_size), dtype
@@ -47,10 +47,22 @@ class QuantizedWeight:
     # ---- derived sizes ------------------------------------------------------------------------------------
     @property
     def NT(self) -> int:
-        return self.qtiles.shape[0]
+        """64-column chunks (Np / 64)."""
+        return self.qtiles.shape[0] // 4
 
     @property
     def KT(self) -> int:
+        """k16 steps (Kp / 16)."""
+        return self.qtiles.shape[1] * 4
+
+    @property
+    def NT16(self) -> int:
+        """16-column blocks of the tile layout (Np / 16)."""
+        return self.qtiles.shape[0]
+
+    @property
+    def KS(self) -> int:
+        """64-k blocks of the tile layout (Kp / 64)."""
         return self.qtiles.shape[1]
 
     @property
@@ -100,13 +112,13 @@ class QuantizedWeight:
             if bias is not None and bias.shape != (N,):
                 raise ValueError(f"bias shape {bias.shape} must be ({N},)")
             Kp, Np = layout.padded_sizes(K, N)
-            NT, KT = Np // layout.TILE_N, Kp // layout.TILE_K
-            qtiles = cupy.empty((NT, KT, 32, 4), dtype=cupy.uint32)
+            NT16, KS = Np // 16, Kp // layout.K_ALIGN
+            qtiles = cupy.empty((NT16, KS, 32, 4), dtype=cupy.uint32)
             qweight = cupy.ascontiguousarray(qweight).view(cupy.uint32)
             total = qtiles.size
             k = kernel("repack", "awq_repack_gemm_to_tiles_kernel")
             k.launch((min((total + 255) // 256, 1 << 20),), (256,),
-                     (qweight, qtiles, as_i32(K), as_i32(N), as_i32(NT), as_i32(KT)))
+                     (qweight, qtiles, as_i32(K), as_i32(N), as_i32(NT16), as_i32(KS)))
             # Zeros: unpack the gemm words (column 8c + j in nibble slot REV[j]) -> [NG, N] codes.
             shifts = cupy.asarray((4 * layout.REV).astype(np.uint32))
             Z = ((qzeros.view(cupy.uint32)[:, :, None] >> shifts) & cupy.uint32(0xF)).reshape(NG, N)
@@ -116,7 +128,7 @@ class QuantizedWeight:
 
     @classmethod
     def _finish(cls, qtiles, S16, Z, K, N, G, kind, bias):
-        Np = qtiles.shape[0] * layout.TILE_N
+        Np = qtiles.shape[0] * 16
         scales = layout.permute_columns(layout.float_bits(S16.astype(np.float32), kind), Np)
         zeros = layout.permute_columns(layout.zero_bits(Z, kind), Np)
         if bias is not None:

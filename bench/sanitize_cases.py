@@ -11,7 +11,8 @@ from awq_cupy import formats
 
 rng = np.random.default_rng(0)
 for K, N, G, kinds in [(24, 8, -1, ("float16", "bfloat16")), (96, 72, 32, ("float16", "bfloat16")),
-                       (328, 136, -1, ("float16",)), (1024, 520, 128, ("float16", "bfloat16"))]:
+                       (328, 136, -1, ("float16",)), (1024, 520, 128, ("float16", "bfloat16")),
+                       (768, 4160, 96, ("float16",))]:
     G = formats.resolve_group_size(G, K)
     Q = rng.integers(0, 16, (K, N), dtype=np.uint8)
     Z = rng.integers(0, 16, (K // G, N), dtype=np.uint8)
@@ -22,12 +23,16 @@ for K, N, G, kinds in [(24, 8, -1, ("float16", "bfloat16")), (96, 72, 32, ("floa
         w = awq_cupy.QuantizedWeight.from_gemm(t["qweight"], t["qzeros"], t["scales"], G, dtype=kind)
         awq_cupy.dequantize(w)
         dt = np.float16 if kind == "float16" else awq_cupy.ops.numpy_dtype("bfloat16")
-        for M in (1, 3, 17, 33, 70):
+        for M in (1, 3, 9, 16, 17, 33, 70):
             x = cp.asarray(rng.standard_normal((M, K)).astype(np.float32)).astype(cp.float16)
             if kind == "bfloat16":
                 x = cp.asarray(x.get().astype(np.float32).astype(dt))
             bias = cp.asarray(rng.standard_normal(N).astype(np.float32).astype(dt))
             awq_cupy.matmul(x, w, bias=bias)
             awq_cupy.matmul(x, w, batch_invariant=True)
+            if M <= 16:   # every GEMV variant, whatever the dispatch table picks
+                for tiles in (1, 2):
+                    y = cp.empty((M, N), dtype=x.dtype)
+                    awq_cupy.ops._launch_gemv(x, w, bias, y, M, kind, awq_cupy.ops._sm_count(w.device), tiles=tiles)
 cp.cuda.Device().synchronize()
 print("sanitize cases done")

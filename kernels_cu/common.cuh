@@ -142,6 +142,15 @@ AWQ_DEVICE void cp_async16_stream(void* dst, const void* src, bool pred, u64 pol
   cp_async16(dst, src, pred);
 #endif
 }
+// 4-byte cp.async (.ca: the only form that takes 4 bytes) with the same zero-fill predicate.
+AWQ_DEVICE void cp_async4(void* dst, const void* src, bool pred) {
+#if AWQ_CUPY_CC >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(pred ? 4 : 0));
+#else
+  *reinterpret_cast<u32*>(dst) = pred ? *reinterpret_cast<const u32*>(src) : 0u;
+#endif
+}
 AWQ_DEVICE void cp_async_commit() {
 #if AWQ_CUPY_CC >= 800
   asm volatile("cp.async.commit_group;\n" ::);
@@ -188,4 +197,10 @@ template <> AWQ_DEVICE void mma_16816<__nv_bfloat16>(float (&c)[4], const u32 (&
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #endif
+}
+
+// D = A * B with a zero accumulator (the first k16 step of a group's fp32 partial sum).
+template <typename T> AWQ_DEVICE void mma_16816_first(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+  c[0] = c[1] = c[2] = c[3] = 0.f;
+  mma_16816<T>(c, a, b0, b1);
 }

@@ -49,53 +49,62 @@ __global__ void awq_dequant_gemm_kernel(
 
 // awq_cupy tile layout (awq_cupy/layout.py) -> dense W [K, N] in T, the exact values the tensor-core GEMM
 // feeds to its mma: (q - z) * s with T's own subtraction (exact) and multiplication (one rounding).
-// One warp per 16(k) x 64(n) tile: each lane converts its 16-byte word (32 values) into a shared-memory tile,
-// then the warp writes the tile's 16 rows as 128-byte coalesced segments (16-byte stores; N % 8 == 0 keeps
-// them aligned; columns >= N and rows >= K are not written). Grid-stride over tiles; 4 warps per CTA.
-// Launched by awq_cupy.dequantize and the dequantize + cuBLAS path of awq_cupy.matmul.
+// One warp per 64(k) x 64(n) block (four 16-column blocks of the layout): each lane converts its four 16-byte
+// words (128 values) into a shared-memory tile, then the warp writes the block's 64 rows as 128-byte coalesced
+// segments (16-byte stores; N % 8 == 0 keeps them aligned; columns >= N and rows >= K are not written).
+// Grid-stride over blocks; 4 warps per CTA. Launched by awq_cupy.dequantize and the dequantize + cuBLAS path
+// of awq_cupy.matmul.
 template <typename T>
 __global__ void __launch_bounds__(128) awq_dequant_tiles_kernel(
-    const uint4* __restrict__ qtiles,  // [NT][KT][32] tiles (one 16-byte word per lane)
+    const uint4* __restrict__ qtiles,  // [NT16][KS][32] (one 16-byte word per lane = 4 k16 steps)
     const T* __restrict__ scales,      // [NG, Np] permuted
     const T* __restrict__ zeros,       // [NG, Np] permuted MAGIC + z
     T* __restrict__ out,               // [K, N]
-    int K, int N, int NT, int KT, int G, int NG) {
-  __shared__ __align__(16) unsigned short tile[4][16][64 + 8];   // +8: rows 144 B apart, fewer bank conflicts
+    int K, int N, int NT, int KS, int G, int NG) {
+  __shared__ __align__(16) unsigned short tile[4][64][64 + 8];   // +8: rows 144 B apart, fewer bank conflicts
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int r = lane & 3, c = lane >> 2;
   const int Np = NT * 64;
-  const long long ntiles = (long long)NT * KT;
-  for (long long t = (long long)blockIdx.x * 4 + warp; t < ntiles; t += (long long)gridDim.x * 4) {
-    const int kt = (int)(t % KT), nt = (int)(t / KT);
-    if (16 * kt >= K) continue;                                   // K padding tiles: nothing to write
-    const uint4 wv = qtiles[t * 32 + lane];
-    const u32 words[4] = {wv.x, wv.y, wv.z, wv.w};
-    const int g = min(16 * kt / G, NG - 1);                       // a 16-row tile lies in one group
-    const uint4 sv = *reinterpret_cast<const uint4*>(scales + (long long)g * Np + nt * 64 + 8 * c);
-    const uint4 zv = *reinterpret_cast<const uint4*>(zeros + (long long)g * Np + nt * 64 + 8 * c);
-    const u32 sw[4] = {sv.x, sv.y, sv.z, sv.w}, zw[4] = {zv.x, zv.y, zv.z, zv.w};
+  const long long nblocks = (long long)NT * KS;
+  for (long long b = (long long)blockIdx.x * 4 + warp; b < nblocks; b += (long long)gridDim.x * 4) {
+    const int ks = (int)(b % KS), nt = (int)(b / KS);
+    if (64 * ks >= K) continue;                                   // K padding: nothing to write
+    const u32* sp[4];
+    const u32* zp[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int i = 0; i < 4; ++i) {                                 // k16 step 4 ks + i lies in one group
+      const long long off = (long long)min((64 * ks + 16 * i) / G, NG - 1) * Np + nt * 64 + 8 * c;
+      sp[i] = reinterpret_cast<const u32*>(scales + off);
+      zp[i] = reinterpret_cast<const u32*>(zeros + off);
+    }
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int m = 2 * j + h;                                  // fragment column: n = 64 nt + c + 8 m
-        const u32 s2 = (m & 1) ? bcast_hi(sw[m >> 1]) : bcast_lo(sw[m >> 1]);
-        const u32 z2 = (m & 1) ? bcast_hi(zw[m >> 1]) : bcast_lo(zw[m >> 1]);
-        const u32 lo = dequant_pair<T>(int4pair_magic<T>(words[j] >> (8 * h)), z2, s2);      // k 2r, 2r+1
-        const u32 hi = dequant_pair<T>(int4pair_magic<T>(words[j] >> (8 * h + 4)), z2, s2);  // k 2r+8, 2r+9
-        const int col = c + 8 * m;
-        tile[warp][2 * r][col] = (unsigned short)(lo & 0xFFFF);
-        tile[warp][2 * r + 1][col] = (unsigned short)(lo >> 16);
-        tile[warp][2 * r + 8][col] = (unsigned short)(hi & 0xFFFF);
-        tile[warp][2 * r + 9][col] = (unsigned short)(hi >> 16);
+    for (int j = 0; j < 4; ++j) {                                 // 16-column block 4 nt + j
+      const uint4 wv = qtiles[((long long)(4 * nt + j) * KS + ks) * 32 + lane];
+      const u32 words[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const u32 w = words[i];
+        const u32 sw = __ldg(sp[i] + j), zw = __ldg(zp[i] + j);   // low half: column c, high half: column c + 8
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const u32 s2 = h ? bcast_hi(sw) : bcast_lo(sw);
+          const u32 z2 = h ? bcast_hi(zw) : bcast_lo(zw);
+          const u32 lo = dequant_pair<T>(int4pair_magic<T>(w >> (8 * h)), z2, s2);      // k 2r, 2r+1
+          const u32 hi = dequant_pair<T>(int4pair_magic<T>(w >> (8 * h + 4)), z2, s2);  // k 2r+8, 2r+9
+          const int col = 16 * j + 8 * h + c, row = 16 * i + 2 * r;
+          tile[warp][row][col] = (unsigned short)(lo & 0xFFFF);
+          tile[warp][row + 1][col] = (unsigned short)(lo >> 16);
+          tile[warp][row + 8][col] = (unsigned short)(hi & 0xFFFF);
+          tile[warp][row + 9][col] = (unsigned short)(hi >> 16);
+        }
       }
     }
     __syncwarp();
-    // 16 rows x 8 chunks of 16 bytes = 128 chunks: 4 per lane, lanes 8q..8q+7 cover one 128-byte row.
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int row = 4 * i + (lane >> 3), chunk = lane & 7;
-      const int k = 16 * kt + row, n = nt * 64 + 8 * chunk;
+    // 64 rows x 8 chunks of 16 bytes: 16 per lane, lanes 8q..8q+7 cover one 128-byte row.
+#pragma unroll 4
+    for (int it = 0; it < 16; ++it) {
+      const int row = 4 * it + (lane >> 3), chunk = lane & 7;
+      const int k = 64 * ks + row, n = nt * 64 + 8 * chunk;
       if (k < K && n < N)
         *reinterpret_cast<uint4*>(out + (long long)k * N + n) = *reinterpret_cast<const uint4*>(&tile[warp][row][8 * chunk]);
     }

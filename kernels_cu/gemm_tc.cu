@@ -2,9 +2,10 @@
 //
 // Operands (prepared once by awq_cupy.weight.QuantizedWeight; layout documented in awq_cupy/layout.py):
 //   x       T [M, K] row-major, K % 8 == 0, 16-byte aligned rows           (T = __half or __nv_bfloat16)
-//   qtiles  uint4 [NT][KT][32]: W's int4 codes in 16(k) x 64(n) tiles, one 16-byte word per lane that holds
-//           exactly the lane's mma.m16n8k16 B fragments for the tile (Marlin's fragment order). NT = Np / 64,
-//           KT = Kp / 16 with Np, Kp = N, K rounded up to 64. Padded codes are 0 and meet x = 0 (masked).
+//   qtiles  uint4 [NT16][KS][32]: W's int4 codes in 64(k) x 16(n) blocks, one 16-byte word per lane whose
+//           word i holds exactly the lane's mma.m16n8k16 B fragments of k16 step i (Marlin's fragment order).
+//           NT16 = Np / 16 = 4 NT, KS = Kp / 64 = KT / 4 with Np, Kp = N, K rounded up to 64. Padded codes
+//           are 0 and meet x = 0 (masked).
 //   scales  T [NG, Np]: per 64-column chunk permuted so that position 8c + m holds column c + 8m, i.e. lane
 //           c = lane / 4 finds its 8 fragment columns in one 16-byte load.
 //   zeros   T [NG, Np]: same permutation, stored as MAGIC + z (1024 + z for fp16, 128 + z for bf16), so the
@@ -15,10 +16,11 @@
 // the CTA's k-range; the grid is (ceil(NT / 4), splits, ceil(M / BM)). Split-K CTAs write fp32 partials that
 // awq_splitk_reduce_kernel sums in a fixed order (deterministic, one final rounding).
 // Pipeline: STAGES-deep cp.async ring of 64-k stages holding the x tile (XOR-swizzled for ldmatrix), the
-// four warps' weight tiles (2 KB per warp, evict-first: weights are read once) and up to two groups of
+// four warps' weight blocks (2 KB per warp, evict-first: weights are read once) and up to two groups of
 // scales/zeros (a 64-k stage spans at most two groups when G % 32 == 0, or one group when G == K).
-// Per k16 step a warp: ldmatrix.x4 its A fragments per m-block, converts its 16-byte weight word into 16 B
-// fragment registers (4 lop3 + 4 shifts + 8 sub + 8 mul), then issues 8 * MB mma.
+// Per stage a warp reads its four 16-column blocks (four 16-byte words per lane, one word per k16 step each);
+// per k16 step it ldmatrix.x4's its A fragments per m-block, converts one word per block into 16 B fragment
+// registers (4 lop3 + 4 shifts + 8 sub + 8 mul), then issues 8 * MB mma.
 // Variants: T in {fp16, bf16 (sm_80+)}, MB in {1, 2, 4}, STAGES per arch (table: awq_cupy/kernels.py).
 // Launched by awq_cupy.matmul (awq_cupy/ops.py).
 #include "common.cuh"
@@ -46,7 +48,7 @@ AWQ_DEVICE int swz(int row, int chunk) { return row * (BK / 8) + (chunk ^ (row &
 template <typename T, int MB, int STAGES>
 __global__ void __launch_bounds__(awq_tc::THREADS) awq_gemm_tc_kernel(
     const T* __restrict__ x,         // [M, K] activations
-    const uint4* __restrict__ qtiles,// [NT][KT][32] weight tiles
+    const uint4* __restrict__ qtiles,// [NT16][KS][32] weight blocks
     const T* __restrict__ scales,    // [NG, Np] permuted scales
     const T* __restrict__ zeros,     // [NG, Np] permuted MAGIC + z
     const T* __restrict__ bias,      // [N] or nullptr
@@ -90,14 +92,16 @@ __global__ void __launch_bounds__(awq_tc::THREADS) awq_gemm_tc_kernel(
       const T* src = ok ? x + (long long)m * K + k : x;
       cp_async16(a + swz(row, ch) * 8, src, ok);
     }
-    // weight tiles: warp w copies its own 4 x 512 B (lane l moves bytes [16 l, 16 l + 16) of each tile).
+    // weight blocks: warp w copies the 4 x 512 B of its 16-column blocks 4 nt + j at k-block k0 / 64 (lane l
+    // moves bytes [16 l, 16 l + 16) of each).
     {
       const int t_nt = blockIdx.x * WARPS + warp;
       const bool ok = t_nt < NT;
+      const int KS = KT / KSTEPS;
 #pragma unroll
-      for (int t = 0; t < KSTEPS; ++t) {
-        const uint4* src = ok ? qtiles + ((long long)t_nt * KT + (k0 >> 4) + t) * 32 + lane : qtiles;
-        cp_async16_stream(b + (warp * KSTEPS + t) * 32 + lane, src, ok, policy);
+      for (int j = 0; j < 4; ++j) {
+        const uint4* src = ok ? qtiles + ((long long)(4 * t_nt + j) * KS + (k0 >> 6)) * 32 + lane : qtiles;
+        cp_async16_stream(b + (warp * 4 + j) * 32 + lane, src, ok, policy);
       }
     }
     // scales and zeros of the (at most two) groups this stage touches: 2 arrays x 2 groups x 32 chunks.
@@ -148,6 +152,9 @@ __global__ void __launch_bounds__(awq_tc::THREADS) awq_gemm_tc_kernel(
     const int g0 = min(k0 / G, NG - 1);
 
     if (warp_active) {
+      uint4 bw[4];   // block j's words for the stage's 4 k16 steps
+#pragma unroll
+      for (int j = 0; j < 4; ++j) bw[j] = b[(warp * 4 + j) * 32 + lane];
 #pragma unroll
       for (int t = 0; t < KSTEPS; ++t) {
         const int g = min((k0 + 16 * t) / G, NG - 1);
@@ -169,11 +176,9 @@ __global__ void __launch_bounds__(awq_tc::THREADS) awq_gemm_tc_kernel(
           const int row = mb * 16 + (lane & 15);
           ldmatrix_x4(af[mb], a + swz(row, 2 * t + (lane >> 4)) * 8);
         }
-        const uint4 bw = b[(warp * KSTEPS + t) * 32 + lane];
-        const u32 words[4] = {bw.x, bw.y, bw.z, bw.w};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const u32 w = words[j];
+          const u32 w = t == 0 ? bw[j].x : t == 1 ? bw[j].y : t == 2 ? bw[j].z : bw[j].w;
           // Slots (0,4), (1,5): k (2t, 2t+1), (2t+8, 2t+9) of column 16j + c; slots (2,6), (3,7): column +8.
           const u32 b00 = dequant_pair<T>(int4pair_magic<T>(w), z2[2 * j], s2[2 * j]);
           const u32 b01 = dequant_pair<T>(int4pair_magic<T>(w >> 4), z2[2 * j], s2[2 * j]);

@@ -1,288 +1,292 @@
-// gemv_tc.cu: W4A16 matmul for few rows (8 NB tokens; M <= 8 is dispatched here) on tensor cores, A and B swapped:
-//   y^T[N, M] = W^T[N, K] @ x^T[K, M],   fp32 accumulation, one final rounding.
+// gemv_tc.cu: W4A16 matmul for few rows (M <= 8 NB tokens) on tensor cores, A and B swapped:
+//   y^T[N, M] = W^T[N, K] @ x^T[K, M],   fp32 accumulation, one final rounding, deterministic.
 //
-// Why swapped: with M <= 8 the 16-row A operand of mma.m16n8k16 would be mostly padding. Taking the weights as
-// A (16 output channels per mma) and x^T as B (8 tokens per mma) halves the tensor-core work at M <= 8 and
-// wastes none at M = 8 (the template also covers 16 and 32 tokens). The weight tile layout (awq_cupy/layout.py) serves both roles: lane (r, c)'s
-// word j, converted as (w, w >> 8, w >> 4, w >> 12), is the A fragment {a0, a1, a2, a3} of channels
-// 16j + c (rows g) and 16j + c + 8 (rows g + 8) at k (2r, 2r+1), (2r+8, 2r+9).
+// Why swapped: with few tokens the 16-row A operand of mma.m16n8k16 would be mostly padding. Taking the weights
+// as A (16 output channels per mma) and x^T as B (8 tokens per mma) halves the tensor-core work at M <= 8. The
+// tile layout (awq_cupy/layout.py) serves both roles: lane (r, c)'s word i of block (t, ks), converted as
+// (w, w >> 8, w >> 4, w >> 12), is the A fragment {a0, a1, a2, a3} of channels 16t + c (rows g) and
+// 16t + c + 8 (rows g + 8) at k 64ks + 16i + (2r, 2r+1), (2r+8, 2r+9).
 //
-// Operands: as gemm_tc.cu (x T [M, K], 16-byte aligned rows; qtiles uint4 [NT][KT][32]; scales/zeros T [NG, Np]
-// permuted; bias T [N] or null; y T [M, N]); accum float [M, Np] and counters int [NT], both zero between
-// launches (the last contributor of an n-tile resets them).
+// Operands: x T [M, K] (16-byte aligned rows, K % 8 == 0); qtiles uint4 [NT16][KS][32]; scales/zeros [NG, Np]
+// of T, permuted per 64 columns (read here as u32 pairs: word 32 (t / 4) + 4c + t % 4 of a group row holds
+// channels 16t + c and 16t + c + 8); bias T [N] or null; y T [M, N].
 //
-// Work split ("stripes", after Marlin's striped partitioning, at warp level): the work of the whole problem,
-// NT n-tiles x C chunks (a chunk = CH k16 steps, C = ceil(K / 16 CH)), n-tile major, is cut into equal
-// contiguous runs of L chunks, one per warp of a grid sized to the GPU's resident capacity, so every warp
-// streams the same number of bytes whatever the shape. A run that covers a whole n-tile writes y directly;
-// warps sharing an n-tile add their fp32 sums into accum (red.global.add) and the last to arrive (atomic
-// counter) rounds the total once. The order of those fp32 additions is not fixed, so results may differ run to
-// run by fp32 rounding (matmul(batch_invariant=True) takes the deterministic GEMM path).
-// Memory pipeline: each warp owns a D-deep ring of chunks in shared memory. Per chunk every lane cp.asyncs its
-// CH 16-byte weight words (plain .cg: the L2::cache_hint form raised 'illegal instruction' in a 16-token variant
-// on the H200, see bench/NOTES.md) and the warp copies the chunk's x rows (8 NB tokens x 16 CH k, XOR-swizzled
-// 16-byte pieces) for ldmatrix.x4. Chunks of 4 steps (2 when G = 32) divide the per-step bookkeeping (ring
-// wait, issue, group check) by the chunk size. No block barrier in the main loop: a lane reads back its own
-// weight copy after cp.async.wait_group, and __syncwarp publishes the x rows to the warp. Scales/zeros of the
-// next (n-tile, group) are prefetched into registers one group ahead.
-// SCALE_IN_ACC (NB == 1): the weights enter the mma as exact (q - z) and each group's fp32 sum is multiplied by
-// the channel's scale at the group's end (16 fewer multiplies per step); otherwise (q - z) * s is formed in T.
-// Variants: T x NB x CH x ring depth D per arch (table: awq_cupy/kernels.py; only NB = 1 is instantiated).
-// Launched by awq_cupy.matmul.
+// Work split, chosen so that no two CTAs share an output (no atomics, no workspace, no second kernel):
+// - Column groups of TW blocks (16 TW channels) are dealt to the CTAs in contiguous, balanced ranges (one CTA
+//   per SM; the largest CTA has at most one group more than the smallest).
+// - Inside a CTA, the (group, 64-k block) units, group-major, are cut into W equal contiguous runs, one per warp.
+//   In the layout a run is one linear byte range (a block's K is contiguous), so every warp streams the same
+//   number of bytes whatever the shape.
+// - A column group covered by one warp is written by that warp. A group shared by consecutive warps (at most
+//   the ends of each run) leaves fp32 partials in shared memory; after one block barrier, the warp in which
+//   the group starts adds them in warp order and writes y. The summation order depends on (K, N) and the GPU,
+//   never on M or timing, so results are bitwise reproducible and each row is independent of the others.
+// Memory pipeline: each warp owns a D-deep ring of 64-k units in shared memory. Per unit, lane l cp.asyncs its
+// 16-byte word of each of the TW blocks, lanes 0-7 copy the scale and zero words of their channel pair (one
+// group per unit when groups span whole 64-k blocks, GA; else two, one per 32 k), and the x rows of the unit's
+// 64 k (R = min(M, 8 NB) rows of 128 bytes, XOR-swizzled for ldmatrix; rows of tokens >= M read a zero row).
+// No block barrier in the main loop: a lane reads back its own weight copy after cp.async.wait_group, and
+// __syncwarp publishes the shared rows to the warp.
+// Math: the weights enter the mma as exact (q - z) (lop3 magic conversion minus MAGIC + z); each group's fp32
+// sum is multiplied by the channel's scale at the group's end (in fp32, once per 64 or 32 k).
+// Variants: T x NB x TW x ring depth D per arch x GA (table: awq_cupy/kernels.py). Launched by awq_cupy.matmul.
 #include "common.cuh"
 
-namespace awq_gemv {
-constexpr int KW = 8;  // warps per CTA (independent; the CTA only shares the SM's shared memory budget)
-}
-
-// Dynamic shared memory: KW * D * CH * (512 + 256 NB) bytes (weight words + x rows of every warp's ring); the
-// Python side computes the same number (awq_cupy.kernels.gemv_smem_bytes).
-// Two CTAs (16 warps) per SM need <= 128 registers; only sm_90 has the shared memory for two 96 KB rings.
-// CH: k16 steps per loop iteration ("chunk", 2 or 4); groups must span whole chunks (G % 16 CH == 0 or G == K).
-template <typename T, int NB, int CH, int D>
-__global__ void __launch_bounds__(32 * awq_gemv::KW, (NB == 1 && AWQ_CUPY_CC >= 900) ? 2 : 1) awq_gemv_tc_kernel(
+template <typename T, int NB, int TW, int D, bool GA>
+__global__ void __launch_bounds__(512, 1) awq_gemv_tc_kernel(
     const T* __restrict__ x,          // [M, K] activations
-    const uint4* __restrict__ qtiles, // [NT][KT][32] weight tiles
-    const T* __restrict__ scales,     // [NG, Np] permuted scales
-    const T* __restrict__ zeros,      // [NG, Np] permuted MAGIC + z
+    const uint4* __restrict__ qtiles, // [NT16][KS][32] weight blocks
+    const u32* __restrict__ scales,   // [NG, Np] permuted scales, as u32 pairs
+    const u32* __restrict__ zeros,    // [NG, Np] permuted MAGIC + z, as u32 pairs
     const T* __restrict__ bias,       // [N] or nullptr
     T* __restrict__ y,                // [M, N]
-    float* __restrict__ accum,        // [M, Np] fp32 sums of shared n-tiles (zero between launches)
-    int* __restrict__ counters,       // [NT] arrival counters (zero between launches)
-    int M, int N, int K,              // problem size
-    int NT, int KT,                   // n-tiles, k16 tiles per n-tile (padded)
-    int G, int NG,                    // group size, number of groups
-    int chunks,                       // chunks per n-tile: ceil(K / (16 CH)) (KT >= CH chunks, zero-padded)
-    int L) {                          // chunks per warp
-  using namespace awq_gemv;
-  constexpr int TOK = 8 * NB;
-  constexpr int KC = 16 * CH;                    // k per chunk
-  constexpr int XC = 2 * CH;                     // 16-byte pieces per x row of a chunk
-  constexpr int XR = NB * CH / 2;                // x pieces each lane copies per chunk (TOK * XC / 32)
-  constexpr bool SCALE_IN_ACC = NB == 1;
-  extern __shared__ __align__(16) uint4 smem4[];
+    int M, int N, int K,              // problem size (M <= 8 NB)
+    int NTG, int KS,                  // column groups (NT16 / TW), 64-k blocks per column block
+    int G, int NG, int Np,            // group size, number of groups, padded N
+    int slot_bytes) {                 // bytes per ring slot (depends on R = min(M, 8 NB))
+  constexpr int SZ = GA ? 1 : 2;      // scale groups per unit
+  constexpr int PV = TW * NB * 4;     // fp32 accumulators per lane
+  constexpr int XP = 2 * NB;          // x pieces (16 B) a lane may copy per unit: 8 R <= 64 NB pieces
+  extern __shared__ __align__(16) unsigned char smem[];
 
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const long long gw = (long long)blockIdx.x * KW + warp;
-  const int steps = chunks;                      // the run/n-tile bookkeeping below counts chunks
-  const long long total = (long long)NT * steps;
-  const long long u0 = gw * L, u1 = min(total, u0 + L);
-  if (u0 >= u1) return;                          // no block barrier below: idle warps may leave
-  const int Np = NT * 64;
-  const int g8 = lane >> 2, kofs = 2 * (lane & 3);
-  uint4* ring_w = smem4 + warp * D * CH * 32;                                       // [D][CH][32] uint4
-  T* ring_x = reinterpret_cast<T*>(smem4 + KW * D * CH * 32) + warp * D * TOK * KC; // [D][TOK][KC]
-  // x rows are XC 16-byte pieces; piece c of row t is stored at swz(t, c) so that the 8 rows an ldmatrix phase
-  // reads fall in 8 different bank groups (rows of 128 B: c ^ (t % 8); rows of 64 B: c ^ ((t / 2) % 4)).
-  auto swz = [](int t, int c) { return XC == 8 ? (c ^ (t & 7)) : (c ^ ((t >> 1) & 3)); };
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
+  const int g8 = lane >> 2, t4 = lane & 3;
+  const int R = min(M, 8 * NB);
 
-  // Issue cursor: the chunk u0 + issued, as running pointers (no divisions or multiplies in the loop). Lane l
-  // copies weight word l of the chunk's CH steps and the x pieces lane + 32 r (row (lane + 32 r) / XC).
-  int i_st = (int)(u0 % steps);
-  int i_left = (int)(u1 - u0);                                 // chunks still to issue
-  const uint4* i_w = qtiles + ((u0 / steps) * KT + CH * i_st) * 32 + lane;
-  const int xc = lane % XC;
-  bool xok[XR];
-  const T* i_x[XR];
-  int xoff[XR];
+  // This CTA's column groups [tg0, tg0 + ntg) and this warp's units [u0, u1) of them (relative).
+  const int tg0 = (int)((long long)blockIdx.x * NTG / gridDim.x);
+  const int ntg = (int)((long long)(blockIdx.x + 1) * NTG / gridDim.x) - tg0;
+  const int units = ntg * KS;
+  const int U = (units + W - 1) / W;
+  const int u0 = min(units, warp * U), u1 = min(units, u0 + U);
+  const int run = u1 - u0;
+
+  // Shared memory: a 16-byte zero row | partials [2W][32][PV] fp32 | W rings of D slots.
+  const uint4* zero16 = reinterpret_cast<const uint4*>(smem);
+  float* partials = reinterpret_cast<float*>(smem + 16);
+  unsigned char* ring = smem + 16 + 2 * W * 32 * PV * 4 + warp * D * slot_bytes;
+  constexpr int SZ_OFF = TW * 512;                 // slot: TW x 32 uint4 weights | SZ x TW x (8 s, 8 z) words | x
+  constexpr int X_OFF = SZ_OFF + SZ * TW * 64;
+  if (threadIdx.x == 0) *reinterpret_cast<uint4*>(smem) = make_uint4(0u, 0u, 0u, 0u);
+  __syncthreads();
+
+  // ---- issue cursor: the unit u0 + (issued so far), as running values (no divisions in the loop) ----------
+  int i_left = run;
+  int i_tg = tg0 + u0 / KS, i_ks = u0 % KS;
+  int i_g = NG == 1 ? 0 : min(64 * i_ks / G, NG - 1);
+  int i_gk = 64 * i_ks - i_g * G;                  // k offset of the unit inside group i_g
+  const uint4* i_w = qtiles + ((long long)i_tg * TW * KS + i_ks) * 32 + lane;
+  const T* i_x[XP];
+  int xdst[XP];
+  bool xrow[XP];
+  const int xc = lane & 7;                         // the 16-byte piece (8 k) a lane copies
 #pragma unroll
-  for (int r = 0; r < XR; ++r) {
-    const int row = (lane + 32 * r) / XC;
-    xok[r] = row < M;
-    i_x[r] = x + (long long)(xok[r] ? row : 0) * K + KC * i_st + 8 * xc;
-    xoff[r] = row * KC + 8 * swz(row, xc);
+  for (int j = 0; j < XP; ++j) {
+    const int row = (lane >> 3) + 4 * j;
+    xrow[j] = row < R;
+    i_x[j] = x + (long long)(xrow[j] ? row : 0) * K + 64 * i_ks + 8 * xc;
+    xdst[j] = X_OFF + row * 128 + 16 * (xc ^ (row & 7));
   }
-  int i_k = KC * i_st + 8 * xc;                                // k of this lane's x pieces
-  auto issue = [&](int slot) {
+  int i_k = 64 * i_ks + 8 * xc;                    // k of this lane's x piece
+  auto issue = [&](int s) {
+    unsigned char* sb = ring + s * slot_bytes;
     if (i_left > 0) {
 #pragma unroll
-      for (int t = 0; t < CH; ++t) cp_async16(ring_w + (slot * CH + t) * 32 + lane, i_w + 32 * t, true);
+      for (int i = 0; i < TW; ++i)
+        cp_async16(sb + 16 * (32 * i + lane), i_w + (long long)i * KS * 32, true);
+      if (lane < 8) {
 #pragma unroll
-      for (int r = 0; r < XR; ++r) cp_async16(ring_x + slot * (TOK * KC) + xoff[r], i_x[r], xok[r] && i_k < K);
+        for (int h = 0; h < SZ; ++h) {
+          int g = i_g;
+          if (h == 1 && i_gk + 32 >= G) g = min(g + 1, NG - 1);
+          const long long row = (long long)g * (Np >> 1);
+#pragma unroll
+          for (int i = 0; i < TW; ++i) {
+            const int t = i_tg * TW + i;
+            const long long off = row + 32 * (t >> 2) + 4 * lane + (t & 3);
+            u32* d = reinterpret_cast<u32*>(sb + SZ_OFF) + ((h * TW + i) * 2) * 8 + lane;
+            cp_async4(d, scales + off, true);
+            cp_async4(d + 8, zeros + off, true);
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < XP; ++j)
+        if (xrow[j]) cp_async16(sb + xdst[j], i_k < K ? i_x[j] : x, i_k < K);
       --i_left;
-      i_w += CH * 32;
-      i_k += KC;
+      i_w += 32;
+      i_k += 64;
 #pragma unroll
-      for (int r = 0; r < XR; ++r) i_x[r] += KC;
-      if (++i_st == steps) {
-        i_st = 0;
-        i_w += (long long)(KT - CH * steps) * 32;
+      for (int j = 0; j < XP; ++j) i_x[j] += 64;
+      if (NG > 1) {
+        i_gk += 64;
+        if (i_gk >= G) { i_gk -= G; ++i_g; }
+        if (!GA && i_gk >= G) { i_gk -= G; ++i_g; }
+      }
+      if (++i_ks == KS) {                          // next column group
+        i_ks = 0;
+        ++i_tg;
+        i_g = 0;
+        i_gk = 0;
+        i_w += (long long)(TW - 1) * KS * 32;
         i_k = 8 * xc;
 #pragma unroll
-        for (int r = 0; r < XR; ++r) i_x[r] -= KC * steps;
+        for (int j = 0; j < XP; ++j) i_x[j] -= 64 * KS;
       }
     }
     cp_async_commit();
   };
-  float acc[4][NB][4];
-  float accg[SCALE_IN_ACC ? 4 : 1][NB][4];
-  // Visit every accumulator element: c fragment e of (j, nb) holds channel 16j + g8 + 8(e >> 1) of the n-tile
-  // and token 8nb + kofs + (e & 1).
-  auto each = [&](auto&& f) {
+
+  float acc[TW][NB][4], accg[TW][NB][4];
+  auto zero_acc = [&]() {
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int i = 0; i < TW; ++i)
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) f(j, nb, e, 16 * j + g8 + 8 * (e >> 1), 8 * nb + kofs + (e & 1));
+        for (int e = 0; e < 4; ++e) acc[i][nb][e] = 0.f;
   };
-  auto zero_acc = [&]() {
-    each([&](int j, int nb, int e, int, int) {
-      acc[j][nb][e] = 0.f;
-      if (SCALE_IN_ACC) accg[j][nb][e] = 0.f;
-    });
-  };
-  zero_acc();
-
-  // Scales/zeros: current group in registers, the next (n-tile, group) prefetched.
-  u32 z2[8], s2[8];
-  float sf[8];
-  uint4 zn, sn;
-  int c_nt = (int)(u0 / steps), c_st = (int)(u0 - (long long)c_nt * steps);
-  int p_nt = c_nt, p_g = min(KC * c_st / G, NG - 1);     // the (n-tile, group) zn/sn hold
-  auto prefetch = [&]() {
-    if (p_nt < NT) {
-      const long long off = (long long)p_g * Np + p_nt * 64 + g8 * 8;
-      zn = __ldg(reinterpret_cast<const uint4*>(zeros + off));
-      sn = __ldg(reinterpret_cast<const uint4*>(scales + off));
-    }
-  };
-  auto advance_prefetch = [&]() {   // the group after (p_nt, p_g) in the warp's stream
-    const int next_k = (p_g + 1) * G;
-    if (p_g + 1 < NG && next_k < KC * steps) ++p_g;
-    else { ++p_nt; p_g = 0; }
-  };
-  auto take_group = [&]() {
-    const u32 zw[4] = {zn.x, zn.y, zn.z, zn.w}, sw[4] = {sn.x, sn.y, sn.z, sn.w};
+  // Accumulator e of (i, nb) is channel 16 (TW tg + i) + g8 + 8 (e >> 1), token 8 nb + 2 t4 + (e & 1).
+  auto store = [&](int tg, const float (&v)[TW][NB][4]) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      z2[2 * i] = bcast_lo(zw[i]); z2[2 * i + 1] = bcast_hi(zw[i]);
-      if (SCALE_IN_ACC) {
-        const T* sp = reinterpret_cast<const T*>(&sw[i]);
-        sf[2 * i] = Traits<T>::to_float(sp[0]);
-        sf[2 * i + 1] = Traits<T>::to_float(sp[1]);
-      } else {
-        s2[2 * i] = bcast_lo(sw[i]); s2[2 * i + 1] = bcast_hi(sw[i]);
-      }
-    }
-  };
-  auto flush = [&]() {   // acc += s * accg per channel: rows g -> m = 2j, rows g + 8 -> m = 2j + 1
-    if (SCALE_IN_ACC) {
-      each([&](int j, int nb, int e, int, int) {
-        acc[j][nb][e] = fmaf(sf[2 * j + (e >> 1)], accg[j][nb][e], acc[j][nb][e]);
-        accg[j][nb][e] = 0.f;
-      });
-    }
-  };
-  // Hand the finished n-tile `nt` to y, directly or through the partials of its C contributors.
-  auto emit = [&](int nt) {
-    const long long first = (long long)nt * steps / L, last = ((long long)nt * steps + steps - 1) / L;
-    const int ncontrib = (int)(last - first + 1);
-    const int mlim = min(M, TOK);
-    if (ncontrib == 1) {
-      each([&](int j, int nb, int e, int ch, int tok) {
-        const int n = nt * 64 + ch;
-        if (tok < mlim && n < N) {
-          float v = acc[j][nb][e];
-          if (bias != nullptr) v += Traits<T>::to_float(bias[n]);
-          y[(long long)tok * N + n] = Traits<T>::from_float(v);
+    for (int i = 0; i < TW; ++i)
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int ch = 16 * (tg * TW + i) + g8 + 8 * (e >> 1), tok = 8 * nb + 2 * t4 + (e & 1);
+          if (tok < M && ch < N) {
+            float r = v[i][nb][e];
+            if (bias != nullptr) r += Traits<T>::to_float(bias[ch]);
+            y[(long long)tok * N + ch] = Traits<T>::from_float(r);
+          }
         }
-      });
-      return;
-    }
-    // Shared n-tile: add this run's sums into the fp32 accumulator (fire-and-forget reductions in L2); the
-    // last of the n-tile's contributors converts the total once and leaves the accumulator at zero again.
-    each([&](int j, int nb, int e, int ch, int tok) {
-      if (tok < mlim) atomicAdd(accum + (long long)tok * Np + nt * 64 + ch, acc[j][nb][e]);
-    });
-    __threadfence();
-    __syncwarp();
-    int is_last = 0;
-    if (lane == 0) is_last = atomicAdd(counters + nt, 1) == ncontrib - 1;
-    is_last = __shfl_sync(0xffffffffu, is_last, 0);
-    if (!is_last) return;
-    __threadfence();
-#pragma unroll 4
-    for (int i = lane; i < 64 * mlim; i += 32) {
-      const int tok = i >> 6, ch = i & 63, n = nt * 64 + ch;
-      float* a = accum + (long long)tok * Np + n;
-      const float v = __ldcg(a);
-      __stcg(a, 0.f);
-      if (n < N) y[(long long)tok * N + n] = Traits<T>::from_float(bias != nullptr ? v + Traits<T>::to_float(bias[n]) : v);
-    }
-    if (lane == 0) counters[nt] = 0;   // ready for the next launch (stream-ordered)
+  };
+  auto to_partials = [&](int slot) {
+    float4* p = reinterpret_cast<float4*>(partials + ((long long)slot * 32 + lane) * PV);
+#pragma unroll
+    for (int i = 0; i < TW; ++i)
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+        p[i * NB + nb] = make_float4(acc[i][nb][0], acc[i][nb][1], acc[i][nb][2], acc[i][nb][3]);
   };
 
-  prefetch();
+  // ldmatrix row addresses: lanes 8q..8q+7 give the rows (tokens 8 nb + lane % 8) of matrix q, i.e. piece
+  // 4 p + q of the unit for the k16 steps 2p, 2p + 1.
+  int xrd[NB];
+  bool xrd_ok[NB];
 #pragma unroll
-  for (int i = 0; i < D - 1; ++i) issue(i);
+  for (int nb = 0; nb < NB; ++nb) {
+    const int tok = 8 * nb + (lane & 7);
+    xrd_ok[nb] = tok < R;
+    xrd[nb] = X_OFF + tok * 128;
+  }
+  const int xq = lane >> 3, xsw = lane & 7;        // matrix index, swizzle key (tok & 7 == lane & 7)
 
-  // Group tracking without divisions: g_left = chunks before the current group ends.
-  const int g_chunks = max(1, G / KC);
-  int slot = 0, g_left = 0, cur_g = -1;
-  const int run = (int)(u1 - u0);
+  zero_acc();
+#pragma unroll
+  for (int s = 0; s < D - 1; ++s) issue(s);
+
+  int c_ks = u0 % KS, c_tg = u0 / KS;              // relative column group being consumed
+  bool seg_first = true, seg_whole_start = c_ks == 0;
+  int slot = 0;
   for (int it = 0; it < run; ++it) {
     cp_async_wait<D - 2>();
     __syncwarp();
-    // Read this chunk's slot step by step below (fewer live registers); refill the slot consumed in the
-    // previous iteration first, so its loads are in flight during the math.
-    const int cs = slot;
-    issue(slot == 0 ? D - 1 : slot - 1);
+    const unsigned char* sb = ring + slot * slot_bytes;
+    issue(slot == 0 ? D - 1 : slot - 1);           // refill the slot consumed in the previous iteration
     slot = slot + 1 == D ? 0 : slot + 1;
 
-    if (g_left == 0) {                       // a new group (or the first pair of the run / of an n-tile)
-      if (cur_g >= 0) flush();
-      take_group();
-      advance_prefetch();
-      prefetch();
-      cur_g = cur_g < 0 ? min(KC * c_st / G, NG - 1) : cur_g + 1;
-      g_left = cur_g == NG - 1 ? steps - c_st : g_chunks - (c_st - cur_g * g_chunks);
-    }
-    --g_left;
-    u32 xf[NB][4];   // (b0, b1) of the current k32 half's first k16 step, then of its second
+    uint4 wv[TW];
 #pragma unroll
-    for (int t = 0; t < CH; ++t) {
-      if ((t & 1) == 0) {
+    for (int i = 0; i < TW; ++i) wv[i] = reinterpret_cast<const uint4*>(sb)[32 * i + lane];
+    u32 xf[2][NB][4];
 #pragma unroll
-        for (int nb = 0; nb < NB; ++nb) {   // lanes 8q..8q+7 address piece 2t + q of token rows 8nb..8nb+7
-          const int row = 8 * nb + (lane & 7), c = 2 * t + (lane >> 3);
-          ldmatrix_x4(xf[nb], ring_x + cs * (TOK * KC) + row * KC + 8 * swz(row, c));
+    for (int p = 0; p < 2; ++p)
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+        ldmatrix_x4(xf[p][nb], xrd_ok[nb] ? static_cast<const void*>(sb + xrd[nb] + 16 * ((4 * p + xq) ^ xsw))
+                                          : static_cast<const void*>(zero16));
+    const u32* szw = reinterpret_cast<const u32*>(sb + SZ_OFF);
+#pragma unroll
+    for (int h = 0; h < SZ; ++h) {
+      u32 zlo[TW], zhi[TW];
+      float slo[TW], shi[TW];
+#pragma unroll
+      for (int i = 0; i < TW; ++i) {
+        const u32 sw = szw[((h * TW + i) * 2) * 8 + g8], zw = szw[((h * TW + i) * 2 + 1) * 8 + g8];
+        zlo[i] = bcast_lo(zw);
+        zhi[i] = bcast_hi(zw);
+        const T* sp = reinterpret_cast<const T*>(&sw);
+        slo[i] = Traits<T>::to_float(sp[0]);
+        shi[i] = Traits<T>::to_float(sp[1]);
+      }
+#pragma unroll
+      for (int tt = 0; tt < 4 / SZ; ++tt) {
+        const int t = h * (4 / SZ) + tt;           // k16 step of the unit
+#pragma unroll
+        for (int i = 0; i < TW; ++i) {
+          const u32 w = t == 0 ? wv[i].x : t == 1 ? wv[i].y : t == 2 ? wv[i].z : wv[i].w;
+          u32 a[4];
+          a[0] = hsub2_bits<T>(int4pair_magic<T>(w), zlo[i]);
+          a[1] = hsub2_bits<T>(int4pair_magic<T>(w >> 8), zhi[i]);
+          a[2] = hsub2_bits<T>(int4pair_magic<T>(w >> 4), zlo[i]);
+          a[3] = hsub2_bits<T>(int4pair_magic<T>(w >> 12), zhi[i]);
+#pragma unroll
+          for (int nb = 0; nb < NB; ++nb) {
+            const u32* b = xf[t >> 1][nb] + 2 * (t & 1);
+            if (tt == 0) mma_16816_first<T>(accg[i][nb], a, b[0], b[1]);
+            else mma_16816<T>(accg[i][nb], a, b[0], b[1]);
+          }
         }
       }
-      const uint4 wv = ring_w[(cs * CH + t) * 32 + lane];
-      const u32 words[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const u32 w = words[j];
-        u32 a[4];
-        if (SCALE_IN_ACC) {   // exact (q - z) in T
-          a[0] = hsub2_bits<T>(int4pair_magic<T>(w), z2[2 * j]);
-          a[1] = hsub2_bits<T>(int4pair_magic<T>(w >> 8), z2[2 * j + 1]);
-          a[2] = hsub2_bits<T>(int4pair_magic<T>(w >> 4), z2[2 * j]);
-          a[3] = hsub2_bits<T>(int4pair_magic<T>(w >> 12), z2[2 * j + 1]);
-        } else {
-          a[0] = dequant_pair<T>(int4pair_magic<T>(w), z2[2 * j], s2[2 * j]);
-          a[1] = dequant_pair<T>(int4pair_magic<T>(w >> 8), z2[2 * j + 1], s2[2 * j + 1]);
-          a[2] = dequant_pair<T>(int4pair_magic<T>(w >> 4), z2[2 * j], s2[2 * j]);
-          a[3] = dequant_pair<T>(int4pair_magic<T>(w >> 12), z2[2 * j + 1], s2[2 * j + 1]);
-        }
+      for (int i = 0; i < TW; ++i)
 #pragma unroll
-        for (int nb = 0; nb < NB; ++nb) {
-          const u32* b = xf[nb] + 2 * (t & 1);
-          if (SCALE_IN_ACC) mma_16816<T>(accg[j][nb], a, b[0], b[1]);
-          else mma_16816<T>(acc[j][nb], a, b[0], b[1]);
-        }
-      }
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[i][nb][e] = fmaf(e < 2 ? slo[i] : shi[i], accg[i][nb][e], acc[i][nb][e]);
     }
-    if (++c_st == steps || it + 1 == run) {   // n-tile (or the warp's run) ends here
-      flush();
-      emit(c_nt);
+
+    // Segment (one column group inside this run) ends at the group's last unit or at the run's end.
+    if (++c_ks == KS || it + 1 == run) {
+      if (seg_whole_start && c_ks == KS) store(tg0 + c_tg, acc);
+      else to_partials(seg_first ? 2 * warp : 2 * warp + 1);
       zero_acc();
-      c_st = 0;
-      ++c_nt;
-      cur_g = -1;
-      g_left = 0;
+      seg_first = false;
+      seg_whole_start = true;
+      if (c_ks == KS) { c_ks = 0; ++c_tg; }
     }
   }
   cp_async_wait<0>();
+  __syncthreads();
+
+  // Shared column groups: the warp in which a group starts sums the partials of its contributors in warp
+  // order. Only the run's last group can start here and continue past the run's end.
+  if (run > 0) {
+    const int tl = (u1 - 1) / KS;
+    if (tl * KS >= u0 && (tl + 1) * KS > u1) {
+      const int w_hi = ((tl + 1) * KS - 1) / U;
+      float v[TW][NB][4];
+      const int first_slot = tl * KS == u0 ? 2 * warp : 2 * warp + 1;
+#pragma unroll
+      for (int i = 0; i < TW; ++i)
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) v[i][nb][e] = 0.f;
+      for (int w2 = warp; w2 <= w_hi; ++w2) {
+        const float4* p =
+            reinterpret_cast<const float4*>(partials + ((long long)(w2 == warp ? first_slot : 2 * w2) * 32 + lane) * PV);
+#pragma unroll
+        for (int i = 0; i < TW; ++i)
+#pragma unroll
+          for (int nb = 0; nb < NB; ++nb) {
+            const float4 q = p[i * NB + nb];
+            v[i][nb][0] += q.x; v[i][nb][1] += q.y; v[i][nb][2] += q.z; v[i][nb][3] += q.w;
+          }
+      }
+      store(tg0 + tl, v);
+    }
+  }
 }

@@ -5,16 +5,86 @@ from awq_cupy import dispatch, jit, kernels
 from awq_cupy.ops import plan_gemv, plan_splits, rounds_weights, uses_cublas
 
 
-@pytest.mark.parametrize("NT,chunks", [(448, 64), (64, 64), (96, 64), (64, 224), (1, 1), (16, 64), (7, 3)])
-@pytest.mark.parametrize("resident", [132, 264])
-def test_gemv_stripes_cover_the_work_exactly_once(NT, chunks, resident):
-    grid, L = plan_gemv(NT, chunks, resident, kernels.GEMV_WARPS)
-    total = NT * chunks
-    warps = grid * kernels.GEMV_WARPS
-    assert L >= 1 and grid >= 1
-    assert warps * L >= total, "some work would not be assigned"
-    assert (grid - 1) * kernels.GEMV_WARPS * L < total, "a whole CTA would have nothing to do"
-    assert grid <= resident, "the grid must fit the resident capacity once"
+def _simulate_gemv_split(ntg, KS, grid, W):
+    """Python model of kernels_cu/gemv_tc.cu's work split: returns {column group: [units summed, in order]}
+    from the direct stores and the partial-sum reduction, following the kernel's own index arithmetic."""
+    out = {}
+    for b in range(grid):
+        tg0 = b * ntg // grid
+        n = (b + 1) * ntg // grid - tg0
+        units = n * KS
+        U = -(-units // W) if units else 1
+        slots, runs = {}, []
+        for w in range(W):
+            u0 = min(units, w * U)
+            u1 = min(units, u0 + U)
+            runs.append((u0, u1))
+            c_ks, c_tg = u0 % KS, u0 // KS
+            seg_first, whole_start, seg = True, c_ks == 0, []
+            for it in range(u1 - u0):
+                seg.append(c_tg * KS + c_ks)
+                c_ks += 1
+                if c_ks == KS or it + 1 == u1 - u0:
+                    if whole_start and c_ks == KS:
+                        assert tg0 + c_tg not in out, "a column group stored twice"
+                        out[tg0 + c_tg] = list(seg)
+                    else:
+                        slot = 2 * w if seg_first else 2 * w + 1
+                        assert slot not in slots, "a partial slot written twice"
+                        slots[slot] = (c_tg, list(seg))
+                    seg, seg_first, whole_start = [], False, True
+                    if c_ks == KS:
+                        c_ks, c_tg = 0, c_tg + 1
+        for w, (u0, u1) in enumerate(runs):
+            if u1 == u0:
+                continue
+            tl = (u1 - 1) // KS
+            if tl * KS >= u0 and (tl + 1) * KS > u1:
+                w_hi = ((tl + 1) * KS - 1) // U
+                first = 2 * w if tl * KS == u0 else 2 * w + 1
+                summed = []
+                for w2 in range(w, w_hi + 1):
+                    t, seg = slots.pop(first if w2 == w else 2 * w2)
+                    assert t == tl, "a partial of another column group"
+                    summed += seg
+                assert tg0 + tl not in out
+                out[tg0 + tl] = summed
+        assert not slots, "partials nobody reduced"
+    return out
+
+
+@pytest.mark.parametrize("ntg,KS", [(448, 64), (64, 64), (96, 64), (256, 224), (1, 1), (16, 64), (7, 3), (1, 100),
+                                    (3, 5), (200, 1), (1792, 64), (33, 7)])
+@pytest.mark.parametrize("W", [16, 12, 4])
+def test_gemv_split_sums_every_unit_once(ntg, KS, W):
+    grid = max(1, min(ntg, 132))
+    out = _simulate_gemv_split(ntg, KS, grid, W)
+    assert sorted(out) == list(range(ntg)), "every column group is written exactly once"
+    for tg, seg in out.items():
+        assert len({u // KS for u in seg}) == 1, "units of one column group only"
+        assert seg == sorted(seg) and [u % KS for u in seg] == list(range(KS)), "each 64-k unit once, in k order"
+
+
+@pytest.mark.parametrize("M", [1, 2, 5, 8, 9, 16])
+@pytest.mark.parametrize("arch", list(jit.ARCHS))
+def test_gemv_plan_fits_the_arch(M, arch):
+    a = jit.ARCHS[arch]
+    for K, N, G in [(4096, 28672, 128), (14336, 4096, 32), (64, 64, 64), (28672, 8192, 128)]:
+        for tiles in kernels.GEMV_TILES:
+            p = plan_gemv(M, K, N, G, arch=a, tiles=tiles)
+            assert p["depth"] >= 2, "the ring needs a slot being filled and one being read"
+            assert p["smem"] <= a.smem_optin
+            assert p["grid"] <= max(132, 1) and p["grid"] <= p["ntg"]
+            assert p["ntg"] * tiles * 16 >= N
+            assert p["aligned"] == (G % 64 == 0 or K // G == 1)
+
+
+def test_gemv_plan_rejects_bad_m():
+    for M in (0, 17):
+        with pytest.raises(ValueError, match="GEMV"):
+            plan_gemv(M, 64, 64, 64)
+    with pytest.raises(ValueError, match="tiles"):
+        plan_gemv(1, 64, 64, 64, tiles=3)
 
 
 @pytest.mark.parametrize("k_stages,n_ctas,m_tiles", [(64, 112, 1), (64, 16, 1), (224, 16, 4), (1, 1, 1), (3, 2, 64)])
@@ -34,13 +104,3 @@ def test_dispatch_table_is_consistent():
     assert rounds_weights(1, batch_invariant=True)
     assert uses_cublas(d.cublas_min_m, "float16") and not uses_cublas(d.cublas_min_m - 1, "float16")
     assert not uses_cublas(10**6, "bfloat16") and not uses_cublas(10**6, "float16", batch_invariant=True)
-
-
-@pytest.mark.parametrize("arch", list(jit.ARCHS))
-def test_gemv_ring_fits_the_arch(arch):
-    a = jit.ARCHS[arch]
-    for nb in kernels.GEMV_TOKEN_BLOCKS:
-        for ch in kernels.GEMV_CHUNKS:
-            depth = kernels.gemv_depth(a, nb, ch)
-            assert depth >= 2, "the ring needs a slot being filled and one being read"
-            assert kernels.gemv_smem_bytes(nb, ch, depth) <= a.smem_optin

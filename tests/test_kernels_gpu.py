@@ -156,8 +156,8 @@ def test_nan_propagates_to_its_row_only(rng):
 @pytest.mark.parametrize("K,N,G", [(512, 256, 128), (1408, 64, 128), (384, 384, 64)])
 def test_all_formats_give_the_same_output(rng, K, N, G):
     """The four checkpoint formats of one layer repack to the same weight: identical dequantized weights,
-    bitwise identical outputs on the deterministic path, and outputs within fp16 noise of the reference on the
-    default path (whose GEMV adds fp32 partials atomically, in no fixed order)."""
+    bitwise identical outputs on the batch-invariant path, and outputs within fp16 noise of the reference on
+    the default path."""
     Q, Z, S, G = random_layer(rng, K, N, G)
     x_host = random_x(rng, 9, K, "float16")
     x = cp.asarray(x_host)
@@ -212,6 +212,54 @@ def test_golden_fixtures_through_matmul(rng):
                                           t["weight_fake_quant"].astype(np.float64).T)
         W64 = matmul_weight(Q, Z, S, Gr, "float16", 5)
         assert_matmul_close(y, x, W64, "float16", bias=t["bias"], what=entry["file"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The GEMV (M <= 16): every variant, awkward splits, determinism, row independence
+# ---------------------------------------------------------------------------------------------------------------
+def _gemv(x, w, tiles, bias=None):
+    """Run the GEMV variant with ``tiles`` column blocks per unit directly (whatever the dispatch table says)."""
+    from awq_cupy import ops
+
+    xg = cp.asarray(x)
+    M = x.shape[0]
+    y = cp.full((M, w.N), np.nan, dtype=xg.dtype)
+    b = cp.asarray(bias) if bias is not None else ops._NULL
+    ops._launch_gemv(xg, w, b, y, M, w.dtype, ops._sm_count(w.device), tiles=tiles)
+    return y.get()
+
+
+# Shapes: model layers, K not a multiple of 64, one group (G = K), G = 32 and 96 (two groups per 64-k unit),
+# fewer units than warps, a single column group, and N/K so large that warps' runs cross many groups.
+GEMV_SHAPES = [(4096, 1024, 128), (1000, 200, -1), (384, 4160, 32), (768, 96, 96), (64, 28672, 64),
+               (14336, 64, 128), (8, 8, -1), (2048, 520, 64)]
+
+
+@pytest.mark.parametrize("tiles", [1, 2])
+@pytest.mark.parametrize("K,N,G", GEMV_SHAPES)
+@pytest.mark.parametrize("kind", ["float16", "bfloat16"])
+def test_gemv_variants_against_reference(rng, tiles, K, N, G, kind):
+    Q, Z, S, G = random_layer(rng, K, N, G)
+    w = _weight(Q, Z, S, G, kind)
+    W64 = kernel_weight(Q, Z, S, G, kind, rounded=False)
+    bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
+    for M in (1, 3, 8, 9, 16):
+        x = random_x(rng, M, K, kind)
+        assert_matmul_close(_gemv(x, w, tiles, bias), x, W64, kind, bias=bias,
+                            what=f"GEMV tiles={tiles} {K}x{N} G={G} M={M} {kind}")
+
+
+def test_gemv_is_deterministic_and_rows_are_independent(rng):
+    K, N = 14336, 4096
+    Q, Z, S, G = random_layer(rng, K, N, 128)
+    w = _weight(Q, Z, S, G, "float16")
+    x = random_x(rng, 16, K, "float16")
+    for tiles in (1, 2):
+        rows = np.concatenate([_gemv(x[i:i + 1], w, tiles) for i in range(16)])
+        for M in (3, 8, 16):
+            a, b = _gemv(x[:M], w, tiles), _gemv(x[:M], w, tiles)
+            np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=f"run to run, M={M}")
+            np.testing.assert_array_equal(a.view(np.uint16), rows[:M].view(np.uint16), err_msg=f"rows, M={M}")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -20,24 +20,24 @@ def test_tiles_hold_mma_b_fragments(rng, K, N):
     Q = rng.integers(0, 16, size=(K, N), dtype=np.uint8)
     tiles = layout.pack_tiles(Q)
     Kp, Np = layout.padded_sizes(K, N)
-    assert tiles.shape == (Np // 64, Kp // 16, 32, 4) and tiles.dtype == np.uint32
+    assert tiles.shape == (Np // 16, Kp // 64, 32, 4) and tiles.dtype == np.uint32
     Qp = np.zeros((Kp, Np), np.uint8)
     Qp[:K, :N] = Q
     checked = 0
-    for nt in range(Np // 64):
-        for kt in range(Kp // 16):
+    for t in range(Np // 16):
+        for ks in range(Kp // 64):
             for lane in range(32):
                 r, c = lane % 4, lane // 4
-                for j in range(4):
-                    (b0a, b0b), (b1a, b1b), (b2a, b2b), (b3a, b3b) = _fragment_values(int(tiles[nt, kt, lane, j]))
-                    k0 = 16 * kt + 2 * r
+                for i in range(4):
+                    (b0a, b0b), (b1a, b1b), (b2a, b2b), (b3a, b3b) = _fragment_values(int(tiles[t, ks, lane, i]))
+                    k0 = 64 * ks + 16 * i + 2 * r                   # word i = k16 step 4 ks + i
                     for h, (lo, hi) in enumerate((((b0a, b0b), (b1a, b1b)), ((b2a, b2b), (b3a, b3b)))):
-                        n = 64 * nt + 16 * j + 8 * h + c       # n8 block 2j + h, fragment column c
+                        n = 16 * t + 8 * h + c                     # n8 block h of the block, fragment column c
                         # b0 = B[k0, k0+1][n], b1 = B[k0+8, k0+9][n]  (PTX mma.m16n8k16 B fragment)
                         assert (lo[0], lo[1]) == (Qp[k0, n], Qp[k0 + 1, n])
                         assert (hi[0], hi[1]) == (Qp[k0 + 8, n], Qp[k0 + 9, n])
                         checked += 1
-    assert checked == (Np // 64) * (Kp // 16) * 32 * 4 * 2
+    assert checked == (Np // 16) * (Kp // 64) * 32 * 4 * 2
 
 
 @pytest.mark.parametrize("K,N", [(64, 64), (24, 8), (4096, 1000), (11008, 128)])
