@@ -1,8 +1,6 @@
 """Which kernel ``matmul`` runs for a given M, per GPU architecture: data, measured on the GPU named per row.
 
 ``gemv_max_m``: largest M for the swapped-operand tensor-core GEMV (kernels_cu/gemv_tc.cu; at most 16).
-``gemv_pairs_min_m``: smallest M at which the GEMV streams two 16-column blocks per warp unit (TW = 2: half the
-x traffic per weight byte, coarser balance across SMs) instead of one.
 ``cublas_min_m``: smallest M at which dequantize + cuBLAS (fp16 only) beats the fused GEMM; it is never used
 while the current stream is capturing a CUDA graph (CuPy cannot capture cuBLAS), nor with ``batch_invariant``.
 Measured with ``python -m awq_cupy bench`` (see bench/NOTES.md); archs without a row use ``default``.
@@ -16,7 +14,6 @@ from dataclasses import dataclass
 class Dispatch:
     gemv_max_m: int
     cublas_min_m: int
-    gemv_pairs_min_m: int = 9
 
 
 TABLE: dict[str, Dispatch] = {

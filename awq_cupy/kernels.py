@@ -58,19 +58,22 @@ GEMM_TC = KernelFamily("gemm_tc", "gemm_tc.cu", _gemm_variants, hot=True)
 # groups of TW 16-column blocks per warp unit, a per-warp shared-memory ring of D 64-k units, one or two scale
 # groups per unit (GA: groups span whole 64-k blocks, or there is one group). One CTA per SM of up to 16 warps.
 GEMV_TOKEN_BLOCKS = (1, 2)
-GEMV_TILES = (1, 2)
+GEMV_TILES = (1, 2, 4)
+GEMV_SHAPES = ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2))   # (token blocks, tiles) pairs instantiated
 GEMV_MAX_WARPS = 16
 
 
-def gemv_depth(arch: Arch) -> int:
-    """Ring depth (64-k units in flight per warp, plus one being read) by the arch's shared memory."""
+def gemv_depth(arch: Arch, tiles: int) -> int:
+    """Ring slots per warp: about 3.5 KB of weights in flight per warp where shared memory allows."""
     if arch.cc < 80:
         return 2          # no cp.async: copies are synchronous, double buffering is all that helps
-    return 8 if arch.smem_optin >= 200 * 1024 else 6 if arch.smem_optin >= 150 * 1024 else 4
+    full = {1: 8, 2: 5, 4: 3}[tiles]
+    return full if arch.smem_optin >= 200 * 1024 else max(2, full * 2 // 3) if arch.smem_optin >= 150 * 1024 \
+        else max(2, full // 2)
 
 
 def gemv_slot_bytes(token_blocks: int, tiles: int, aligned: bool, rows: int) -> int:
-    """One ring slot: weights (tiles x 512 B), scale/zero words, ``rows`` x rows of 128 B (as in the kernel)."""
+    """One ring slot: weights (tiles x 512 B), scale/zero pieces, ``rows`` x rows of 128 B (as in the kernel)."""
     return tiles * 512 + (1 if aligned else 2) * tiles * 64 + rows * 128
 
 
@@ -86,9 +89,8 @@ def gemv_variant(dtype: str, token_blocks: int, tiles: int, depth: int, aligned:
 
 
 GEMV_TC = KernelFamily("gemv_tc", "gemv_tc.cu",
-                       lambda arch: tuple(gemv_variant(d, nb, tw, gemv_depth(arch), ga) for d in gemm_dtypes(arch)
-                                          for nb in GEMV_TOKEN_BLOCKS for tw in GEMV_TILES
-                                          for ga in (True, False)),
+                       lambda arch: tuple(gemv_variant(d, nb, tw, gemv_depth(arch, tw), ga) for d in gemm_dtypes(arch)
+                                          for nb, tw in GEMV_SHAPES for ga in (True, False)),
                        hot=True)
 
 BENCH_UTIL = KernelFamily("bench_util", "bench_util.cu", lambda arch: ("awq_spin_kernel", "awq_touch_kernel"),

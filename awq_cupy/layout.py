@@ -16,8 +16,9 @@ A ``QuantizedWeight`` holds, for ``W[k, n] = (Q[k, n] - Z[g, n]) * S[g, n]`` wit
   16-row operand (the GEMV). Blocks are stored column-block major: one 16-column block's whole K is contiguous,
   so a warp streams any run of (block, k) units from one linear range. Codes outside ``K x N`` are 0: the
   kernels zero-fill ``x`` for ``k >= K`` and drop columns ``>= N``.
-* ``scales`` ``[NG, Np]`` in the activation dtype, each 64-column chunk permuted so position ``8c + m`` holds
-  column ``c + 8m`` (lane ``c`` then reads its 8 fragment columns with one 16-byte load); padded columns 0.
+* ``scales`` ``[NG, Np]`` in the activation dtype, each 16-column block permuted so position ``2c + h`` holds
+  column ``c + 8h`` (lane ``c`` then reads the two fragment columns of a block, ``c`` and ``c + 8``, as one
+  32-bit word, and a block's 16 scales are 32 contiguous bytes); padded columns 0.
 * ``zeros`` ``[NG, Np]``, same permutation, holding ``MAGIC + Z`` as a 16-bit float (1024 + z in fp16,
   128 + z in bf16; bit pattern ``MAGIC_BITS | z``). Subtracting it from the converted code gives ``q - z``
   exactly; one multiply by the scale then rounds once.
@@ -72,18 +73,18 @@ def unpack_tiles(qtiles, K: int, N: int):
 
 
 def permute_columns(A, Np: int):
-    """[NG, N] -> [NG, Np]: zero-pad to Np, then in each 64-chunk put column c + 8m at position 8c + m."""
+    """[NG, N] -> [NG, Np]: zero-pad to Np, then in each 16-column block put column c + 8h at position 2c + h."""
     xp = get_xp(A)
     NG, N = A.shape
     P = xp.zeros((NG, Np), dtype=A.dtype)
     P[:, :N] = A
-    return xp.ascontiguousarray(P.reshape(NG, Np // 64, 8, 8).transpose(0, 1, 3, 2).reshape(NG, Np))
+    return xp.ascontiguousarray(P.reshape(NG, Np // 16, 2, 8).transpose(0, 1, 3, 2).reshape(NG, Np))
 
 
 def unpermute_columns(P, N: int):
     xp = get_xp(P)
     NG, Np = P.shape
-    return xp.ascontiguousarray(P.reshape(NG, Np // 64, 8, 8).transpose(0, 1, 3, 2).reshape(NG, Np)[:, :N])
+    return xp.ascontiguousarray(P.reshape(NG, Np // 16, 8, 2).transpose(0, 1, 3, 2).reshape(NG, Np)[:, :N])
 
 
 def float_bits(S32, dtype: str):

@@ -288,32 +288,43 @@ def uses_cublas(M: int, dtype: str, arch_key: str = "90", batch_invariant: bool 
     return not batch_invariant and dtype == "float16" and M >= dispatch.for_arch(arch_key).cublas_min_m
 
 
+def gemv_tiles_for(M: int, NT16: int, grid: int) -> int:
+    """16-column blocks per GEMV warp unit: the cheapest by a count of instructions per 64 k (about 60 per block
+    and 50 per unit of bookkeeping, measured from the SASS), given the CTA with the most blocks; with two token
+    blocks (M > 8) at most 2 (registers)."""
+    most = -(-NT16 // grid)
+    options = (1, 2, 4) if M <= 8 else (1, 2)
+    return min(options, key=lambda tw: (-(-most // tw) * (60 * tw + 50), tw))
+
+
 def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: int = 132,
               tiles: int | None = None) -> dict:
     """Launch plan of the GEMV for M <= 16 tokens on ``arch`` (a jit.Arch; default sm_90): dict(variant
-    parameters token_blocks, tiles, depth, aligned; grid, warps, smem, slot, ntg). One CTA per SM (at most one
-    per column group of ``tiles`` 16-column blocks); the warp count is the largest of 16, 12, 8, 4 whose rings
-    fit the arch's shared memory. ``tiles`` defaults to the dispatch table's choice for M. The plan depends on
-    (M, K, N, G) and the GPU; the summation order on (K, N, G) and the GPU only."""
+    parameters token_blocks, tiles, depth, aligned; grid, warps, smem, slot, NT16). One CTA per SM (at most one
+    per 16-column block); the warp count is the largest of 16, 12, 8, 4 whose rings fit the arch's shared
+    memory. ``tiles`` (blocks per warp unit) defaults to ``gemv_tiles_for``. The plan depends on (M, K, N, G)
+    and the GPU, and so does the summation order."""
     from .jit import ARCHS
-    from .kernels import GEMV_TILES, GEMV_TOKEN_BLOCKS, gemv_depth, gemv_slot_bytes, gemv_smem_bytes
+    from .kernels import GEMV_SHAPES, GEMV_TOKEN_BLOCKS, gemv_depth, gemv_slot_bytes, gemv_smem_bytes
     from .layout import padded_sizes
 
     arch = ARCHS["90"] if arch is None else arch
     nb = -(-M // 8)
     if M < 1 or nb not in GEMV_TOKEN_BLOCKS:
         raise ValueError(f"no GEMV variant for M={M} (1 to {8 * max(GEMV_TOKEN_BLOCKS)} rows)")
-    tw = tiles if tiles is not None else (2 if M >= dispatch.for_arch(arch.key).gemv_pairs_min_m else 1)
-    if tw not in GEMV_TILES:
-        raise ValueError(f"tiles={tw} is not a GEMV variant; choose from {GEMV_TILES}")
     Kp, Np = padded_sizes(K, N)
+    NT16 = Np // 16
+    grid = max(1, min(NT16, sm_count))
+    tw = tiles if tiles is not None else gemv_tiles_for(M, NT16, grid)
+    if (nb, tw) not in GEMV_SHAPES:
+        raise ValueError(f"tiles={tw} is not a GEMV variant for M={M}; instantiated (token blocks, tiles): "
+                         f"{GEMV_SHAPES}")
     NG = max(1, K // group_size)
     aligned = group_size % 64 == 0 or NG == 1
-    depth = gemv_depth(arch)
+    depth = gemv_depth(arch, tw)
     rows = min(M, 8 * nb)
-    ntg = (Np // 16) // tw
-    plan = dict(token_blocks=nb, tiles=tw, depth=depth, aligned=aligned, rows=rows,
-                grid=max(1, min(ntg, sm_count)), ntg=ntg, slot=gemv_slot_bytes(nb, tw, aligned, rows))
+    plan = dict(token_blocks=nb, tiles=tw, depth=depth, aligned=aligned, rows=rows, grid=grid, NT16=NT16,
+                slot=gemv_slot_bytes(nb, tw, aligned, rows))
     for warps in (16, 12, 8, 4):
         smem = gemv_smem_bytes(warps, depth, nb, tw, aligned, rows)
         if smem <= arch.smem_optin:
@@ -331,7 +342,7 @@ def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count, tiles=None):
     k = kernel("gemv_tc", gemv_variant(kind, p["token_blocks"], p["tiles"], p["depth"], p["aligned"]), w.device)
     k.launch((p["grid"],), (32 * p["warps"],),
              (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(w.K),
-              as_i32(p["ntg"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(w.NT * 64),
+              as_i32(p["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(w.NT * 64),
               as_i32(p["slot"])),
              smem=p["smem"])
 

@@ -1,7 +1,9 @@
 """One layer, a few matmul calls: a target for ncu / compute-sanitizer.
 
     ncu --clock-control none --kernel-name regex:awq_gemv --launch-skip 2 --launch-count 1 \\
-        --section SpeedOfLight --section WarpStateStats python3 bench/profile_case.py 4096 28672 1
+        --section SpeedOfLight --section WarpStateStats python3 bench/profile_case.py 4096 28672 1 [calls] [tiles]
+
+With ``tiles`` (1 or 2) the GEMV variant with that many 16-column blocks per warp unit runs directly.
 """
 import sys
 
@@ -13,6 +15,7 @@ from awq_cupy import formats
 
 K, N, M = (int(v) for v in sys.argv[1:4])
 calls = int(sys.argv[4]) if len(sys.argv) > 4 else 4
+tiles = int(sys.argv[5]) if len(sys.argv) > 5 else None
 rng = np.random.default_rng(0)
 G = 128
 t = formats.pack(rng.integers(0, 16, (K, N), dtype=np.uint8), rng.integers(0, 16, (K // G, N), dtype=np.uint8),
@@ -20,6 +23,10 @@ t = formats.pack(rng.integers(0, 16, (K, N), dtype=np.uint8), rng.integers(0, 16
 w = awq_cupy.QuantizedWeight.from_gemm(t["qweight"], t["qzeros"], t["scales"], G)
 x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
 for _ in range(calls):
-    y = awq_cupy.matmul(x, w)
+    if tiles is None:
+        y = awq_cupy.matmul(x, w)
+    else:
+        y = cp.empty((M, N), dtype=x.dtype)
+        awq_cupy.ops._launch_gemv(x, w, awq_cupy.ops._NULL, y, M, "float16", awq_cupy.ops._sm_count(0), tiles=tiles)
 cp.cuda.Device().synchronize()
 print("done", y.shape)

@@ -162,6 +162,15 @@ template <int N> AWQ_DEVICE void cp_async_wait() {
 #endif
 }
 
+// One 16-byte shared-memory load (the address must be 16-byte aligned; spelled out because the compiler cannot
+// see the alignment of a computed ring-slot address and would split it into four 4-byte loads).
+AWQ_DEVICE uint4 lds128(const void* p) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(smem_addr(p)));
+  return v;
+}
+
 // Four 8x8 b16 matrices from shared memory (PTX "ldmatrix"); lane l gives the row address of matrix l / 8.
 AWQ_DEVICE void ldmatrix_x4(u32 (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(128) awq_dequant_tiles_kernel(
     const u32* zp[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {                                 // k16 step 4 ks + i lies in one group
-      const long long off = (long long)min((64 * ks + 16 * i) / G, NG - 1) * Np + nt * 64 + 8 * c;
+      const long long off = (long long)min((64 * ks + 16 * i) / G, NG - 1) * Np + nt * 64 + 2 * c;
       sp[i] = reinterpret_cast<const u32*>(scales + off);
       zp[i] = reinterpret_cast<const u32*>(zeros + off);
     }
@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(128) awq_dequant_tiles_kernel(
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const u32 w = words[i];
-        const u32 sw = __ldg(sp[i] + j), zw = __ldg(zp[i] + j);   // low half: column c, high half: column c + 8
+        const u32 sw = __ldg(sp[i] + 8 * j), zw = __ldg(zp[i] + 8 * j);   // low: column c, high: column c + 8
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const u32 s2 = h ? bcast_hi(sw) : bcast_lo(sw);

@@ -6,8 +6,8 @@
 //           word i holds exactly the lane's mma.m16n8k16 B fragments of k16 step i (Marlin's fragment order).
 //           NT16 = Np / 16 = 4 NT, KS = Kp / 64 = KT / 4 with Np, Kp = N, K rounded up to 64. Padded codes
 //           are 0 and meet x = 0 (masked).
-//   scales  T [NG, Np]: per 64-column chunk permuted so that position 8c + m holds column c + 8m, i.e. lane
-//           c = lane / 4 finds its 8 fragment columns in one 16-byte load.
+//   scales  T [NG, Np]: per 16-column block permuted so that position 2c + h holds column c + 8h, i.e. lane
+//           c = lane / 4 finds the two fragment columns of a block in one 32-bit word.
 //   zeros   T [NG, Np]: same permutation, stored as MAGIC + z (1024 + z for fp16, 128 + z for bf16), so the
 //           lop3 output minus the zero is exactly q - z.
 //   bias    T [N] or null; y T [M, N]; ws float [splits, M, Np] partial sums when splits > 1.
@@ -161,13 +161,13 @@ __global__ void __launch_bounds__(awq_tc::THREADS) awq_gemm_tc_kernel(
         if (g != cur_g) {
           cur_g = g;
           const int gi = (g == g0) ? 0 : 1;
-          const uint4 sv = *reinterpret_cast<const uint4*>(sz + (0 * 2 + gi) * BN + warp * 64 + (lane >> 2) * 8);
-          const uint4 zv = *reinterpret_cast<const uint4*>(sz + (1 * 2 + gi) * BN + warp * 64 + (lane >> 2) * 8);
-          const u32 sw[4] = {sv.x, sv.y, sv.z, sv.w}, zw[4] = {zv.x, zv.y, zv.z, zv.w};
+          const u32* sv = reinterpret_cast<const u32*>(sz + (0 * 2 + gi) * BN + warp * 64 + (lane >> 2) * 2);
+          const u32* zv = reinterpret_cast<const u32*>(sz + (1 * 2 + gi) * BN + warp * 64 + (lane >> 2) * 2);
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            s2[2 * i] = bcast_lo(sw[i]); s2[2 * i + 1] = bcast_hi(sw[i]);
-            z2[2 * i] = bcast_lo(zw[i]); z2[2 * i + 1] = bcast_hi(zw[i]);
+          for (int i = 0; i < 4; ++i) {                 // block i: word 8 i = (column c, column c + 8)
+            const u32 sw = sv[8 * i], zw = zv[8 * i];
+            s2[2 * i] = bcast_lo(sw); s2[2 * i + 1] = bcast_hi(sw);
+            z2[2 * i] = bcast_lo(zw); z2[2 * i + 1] = bcast_hi(zw);
           }
         }
         u32 af[MB][4];

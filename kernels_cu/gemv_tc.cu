@@ -8,8 +8,8 @@
 // 16t + c + 8 (rows g + 8) at k 64ks + 16i + (2r, 2r+1), (2r+8, 2r+9).
 //
 // Operands: x T [M, K] (16-byte aligned rows, K % 8 == 0); qtiles uint4 [NT16][KS][32]; scales/zeros [NG, Np]
-// of T, permuted per 64 columns (read here as u32 pairs: word 32 (t / 4) + 4c + t % 4 of a group row holds
-// channels 16t + c and 16t + c + 8); bias T [N] or null; y T [M, N].
+// of T, permuted per 16-column block (word c of block t holds channels 16t + c and 16t + c + 8; a block's 16
+// values are two 16-byte pieces, read here as uint4); bias T [N] or null; y T [M, N].
 //
 // Work split, chosen so that no two CTAs share an output (no atomics, no workspace, no second kernel):
 // - Column groups of TW blocks (16 TW channels) are dealt to the CTAs in contiguous, balanced ranges (one CTA
@@ -22,9 +22,10 @@
 //   the group starts adds them in warp order and writes y. The summation order depends on (K, N) and the GPU,
 //   never on M or timing, so results are bitwise reproducible and each row is independent of the others.
 // Memory pipeline: each warp owns a D-deep ring of 64-k units in shared memory. Per unit, lane l cp.asyncs its
-// 16-byte word of each of the TW blocks, lanes 0-7 copy the scale and zero words of their channel pair (one
-// group per unit when groups span whole 64-k blocks, GA; else two, one per 32 k), and the x rows of the unit's
-// 64 k (R = min(M, 8 NB) rows of 128 bytes, XOR-swizzled for ldmatrix; rows of tokens >= M read a zero row).
+// 16-byte word of each of the TW blocks, lanes 0 .. 4 TW SZ - 1 one 16-byte piece of the blocks' scales and
+// zeros (one group per unit when groups span whole 64-k blocks, GA; else two, one per 32 k), and lanes the x
+// rows of the unit's 64 k (R = min(M, 8 NB) rows of 128 bytes, XOR-swizzled for ldmatrix; rows of tokens >= M
+// read a zero row). All source addresses are running pointers: no multiplications in the loop.
 // No block barrier in the main loop: a lane reads back its own weight copy after cp.async.wait_group, and
 // __syncwarp publishes the shared rows to the warp.
 // Math: the weights enter the mma as exact (q - z) (lop3 magic conversion minus MAGIC + z); each group's fp32
@@ -36,27 +37,30 @@ template <typename T, int NB, int TW, int D, bool GA>
 __global__ void __launch_bounds__(512, 1) awq_gemv_tc_kernel(
     const T* __restrict__ x,          // [M, K] activations
     const uint4* __restrict__ qtiles, // [NT16][KS][32] weight blocks
-    const u32* __restrict__ scales,   // [NG, Np] permuted scales, as u32 pairs
-    const u32* __restrict__ zeros,    // [NG, Np] permuted MAGIC + z, as u32 pairs
+    const uint4* __restrict__ scales, // [NG, Np] permuted scales, as 16-byte pieces
+    const uint4* __restrict__ zeros,  // [NG, Np] permuted MAGIC + z, as 16-byte pieces
     const T* __restrict__ bias,       // [N] or nullptr
     T* __restrict__ y,                // [M, N]
     int M, int N, int K,              // problem size (M <= 8 NB)
-    int NTG, int KS,                  // column groups (NT16 / TW), 64-k blocks per column block
+    int NT16, int KS,                 // 16-column blocks, 64-k blocks per column block
     int G, int NG, int Np,            // group size, number of groups, padded N
     int slot_bytes) {                 // bytes per ring slot (depends on R = min(M, 8 NB))
   constexpr int SZ = GA ? 1 : 2;      // scale groups per unit
   constexpr int PV = TW * NB * 4;     // fp32 accumulators per lane
   constexpr int XP = 2 * NB;          // x pieces (16 B) a lane may copy per unit: 8 R <= 64 NB pieces
+  constexpr int SZ_OFF = TW * 512;    // slot: TW x 32 uint4 weights | SZ x (TW x 32 B scales, TW x 32 B zeros) | x
+  constexpr int X_OFF = SZ_OFF + SZ * TW * 64;
   extern __shared__ __align__(16) unsigned char smem[];
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
   const int g8 = lane >> 2, t4 = lane & 3;
   const int R = min(M, 8 * NB);
 
-  // This CTA's column groups [tg0, tg0 + ntg) and this warp's units [u0, u1) of them (relative).
-  const int tg0 = (int)((long long)blockIdx.x * NTG / gridDim.x);
-  const int ntg = (int)((long long)(blockIdx.x + 1) * NTG / gridDim.x) - tg0;
-  const int units = ntg * KS;
+  // This CTA's 16-column blocks [b0, b0 + nblk), taken TW at a time ("column groups"; the last may be short),
+  // and this warp's units [u0, u1) of (column group, 64-k block), relative to the CTA.
+  const int b0 = (int)((long long)blockIdx.x * NT16 / gridDim.x);
+  const int nblk = (int)((long long)(blockIdx.x + 1) * NT16 / gridDim.x) - b0;
+  const int units = (nblk + TW - 1) / TW * KS;
   const int U = (units + W - 1) / W;
   const int u0 = min(units, warp * U), u1 = min(units, u0 + U);
   const int run = u1 - u0;
@@ -65,21 +69,27 @@ __global__ void __launch_bounds__(512, 1) awq_gemv_tc_kernel(
   const uint4* zero16 = reinterpret_cast<const uint4*>(smem);
   float* partials = reinterpret_cast<float*>(smem + 16);
   unsigned char* ring = smem + 16 + 2 * W * 32 * PV * 4 + warp * D * slot_bytes;
-  constexpr int SZ_OFF = TW * 512;                 // slot: TW x 32 uint4 weights | SZ x TW x (8 s, 8 z) words | x
-  constexpr int X_OFF = SZ_OFF + SZ * TW * 64;
   if (threadIdx.x == 0) *reinterpret_cast<uint4*>(smem) = make_uint4(0u, 0u, 0u, 0u);
   __syncthreads();
 
-  // ---- issue cursor: the unit u0 + (issued so far), as running values (no divisions in the loop) ----------
+  // ---- issue cursor: the unit u0 + (issued so far), as running pointers (no divisions in the loop) ---------
   int i_left = run;
-  int i_tg = tg0 + u0 / KS, i_ks = u0 % KS;
-  int i_g = NG == 1 ? 0 : min(64 * i_ks / G, NG - 1);
-  int i_gk = 64 * i_ks - i_g * G;                  // k offset of the unit inside group i_g
-  const uint4* i_w = qtiles + ((long long)i_tg * TW * KS + i_ks) * 32 + lane;
+  int i_cg = u0 / KS, i_ks = u0 % KS;                     // column group (relative), 64-k block
+  int i_nv = min(TW, nblk - TW * i_cg);                   // valid blocks in the column group
+  int i_gk = NG == 1 ? 64 * i_ks : (64 * i_ks) % G;      // k offset of the unit inside its group
+  const int g_first = NG == 1 ? 0 : 64 * i_ks / G;
+  const uint4* i_w = qtiles + ((long long)(b0 + TW * i_cg) * KS + i_ks) * 32 + lane;
+  // Scale/zero pieces: lane l < 4 TW SZ copies piece p = l % (4 TW) of group half h = l / (4 TW): pieces
+  // 0 .. 2TW-1 are the blocks' scales, the rest their zeros (two 16-byte pieces per block and array).
+  const int np8 = Np >> 3;                                // 16-byte pieces per group row
+  const bool sz_lane = lane < 4 * TW * SZ;
+  const int sz_p = lane % (4 * TW), sz_h = lane / (4 * TW), sz_blk = (sz_p % (2 * TW)) >> 1;
+  const uint4* sz_base = (sz_p < 2 * TW ? scales : zeros) + sz_p % (2 * TW);
+  const uint4* i_sz = sz_base + (long long)g_first * np8 + 2 * (b0 + TW * i_cg);
   const T* i_x[XP];
   int xdst[XP];
   bool xrow[XP];
-  const int xc = lane & 7;                         // the 16-byte piece (8 k) a lane copies
+  const int xc = lane & 7;                                // the 16-byte piece (8 k) a lane copies
 #pragma unroll
   for (int j = 0; j < XP; ++j) {
     const int row = (lane >> 3) + 4 * j;
@@ -87,49 +97,41 @@ __global__ void __launch_bounds__(512, 1) awq_gemv_tc_kernel(
     i_x[j] = x + (long long)(xrow[j] ? row : 0) * K + 64 * i_ks + 8 * xc;
     xdst[j] = X_OFF + row * 128 + 16 * (xc ^ (row & 7));
   }
-  int i_k = 64 * i_ks + 8 * xc;                    // k of this lane's x piece
-  auto issue = [&](int s) {
-    unsigned char* sb = ring + s * slot_bytes;
+  int i_k = 64 * i_ks;                                    // first k of the unit
+  unsigned char* i_slot = ring;                           // the slot the next issue fills
+  unsigned char* const ring_end = ring + D * slot_bytes;
+  auto issue = [&]() {
+    unsigned char* sb = i_slot;
+    i_slot = i_slot + slot_bytes == ring_end ? ring : i_slot + slot_bytes;
     if (i_left > 0) {
+      // Blocks past the CTA's range (a short last column group) are zero-filled, never read from memory.
 #pragma unroll
       for (int i = 0; i < TW; ++i)
-        cp_async16(sb + 16 * (32 * i + lane), i_w + (long long)i * KS * 32, true);
-      if (lane < 8) {
-#pragma unroll
-        for (int h = 0; h < SZ; ++h) {
-          int g = i_g;
-          if (h == 1 && i_gk + 32 >= G) g = min(g + 1, NG - 1);
-          const long long row = (long long)g * (Np >> 1);
-#pragma unroll
-          for (int i = 0; i < TW; ++i) {
-            const int t = i_tg * TW + i;
-            const long long off = row + 32 * (t >> 2) + 4 * lane + (t & 3);
-            u32* d = reinterpret_cast<u32*>(sb + SZ_OFF) + ((h * TW + i) * 2) * 8 + lane;
-            cp_async4(d, scales + off, true);
-            cp_async4(d + 8, zeros + off, true);
-          }
-        }
+        cp_async16(sb + 16 * (32 * i + lane), i < i_nv ? i_w + (long long)i * KS * 32 : i_w, i < i_nv);
+      if (sz_lane) {
+        // the unit's second 32 k may start the next group (GA false); past K any group would do, keep this one
+        const bool next = !GA && sz_h == 1 && i_gk + 32 >= G && i_k + 32 < K;
+        cp_async16(sb + SZ_OFF + 16 * lane, next ? i_sz + np8 : i_sz, sz_blk < i_nv);
       }
 #pragma unroll
       for (int j = 0; j < XP; ++j)
-        if (xrow[j]) cp_async16(sb + xdst[j], i_k < K ? i_x[j] : x, i_k < K);
+        if (xrow[j]) cp_async16(sb + xdst[j], i_k + 8 * xc < K ? i_x[j] : x, i_k + 8 * xc < K);
       --i_left;
       i_w += 32;
       i_k += 64;
 #pragma unroll
       for (int j = 0; j < XP; ++j) i_x[j] += 64;
-      if (NG > 1) {
-        i_gk += 64;
-        if (i_gk >= G) { i_gk -= G; ++i_g; }
-        if (!GA && i_gk >= G) { i_gk -= G; ++i_g; }
-      }
-      if (++i_ks == KS) {                          // next column group
+      i_gk += 64;
+      if (i_gk >= G) { i_gk -= G; i_sz += np8; }
+      if (!GA && i_gk >= G) { i_gk -= G; i_sz += np8; }
+      if (++i_ks == KS) {                                 // next column group
         i_ks = 0;
-        ++i_tg;
-        i_g = 0;
+        ++i_cg;
+        i_nv = min(TW, nblk - TW * i_cg);
         i_gk = 0;
+        i_k = 0;
         i_w += (long long)(TW - 1) * KS * 32;
-        i_k = 8 * xc;
+        i_sz = sz_base + 2 * (b0 + TW * i_cg);
 #pragma unroll
         for (int j = 0; j < XP; ++j) i_x[j] -= 64 * KS;
       }
@@ -146,21 +148,23 @@ __global__ void __launch_bounds__(512, 1) awq_gemv_tc_kernel(
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[i][nb][e] = 0.f;
   };
-  // Accumulator e of (i, nb) is channel 16 (TW tg + i) + g8 + 8 (e >> 1), token 8 nb + 2 t4 + (e & 1).
-  auto store = [&](int tg, const float (&v)[TW][NB][4]) {
+  // Accumulator e of (i, nb) is channel 16 (b0 + TW cg + i) + g8 + 8 (e >> 1), token 8 nb + 2 t4 + (e & 1).
+  auto store = [&](int cg, const float (&v)[TW][NB][4]) {
 #pragma unroll
-    for (int i = 0; i < TW; ++i)
+    for (int i = 0; i < TW; ++i) {
+      if (TW * cg + i >= nblk) continue;
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int ch = 16 * (tg * TW + i) + g8 + 8 * (e >> 1), tok = 8 * nb + 2 * t4 + (e & 1);
+          const int ch = 16 * (b0 + TW * cg + i) + g8 + 8 * (e >> 1), tok = 8 * nb + 2 * t4 + (e & 1);
           if (tok < M && ch < N) {
             float r = v[i][nb][e];
             if (bias != nullptr) r += Traits<T>::to_float(bias[ch]);
             y[(long long)tok * N + ch] = Traits<T>::from_float(r);
           }
         }
+    }
   };
   auto to_partials = [&](int slot) {
     float4* p = reinterpret_cast<float4*>(partials + ((long long)slot * 32 + lane) * PV);
@@ -185,21 +189,21 @@ __global__ void __launch_bounds__(512, 1) awq_gemv_tc_kernel(
 
   zero_acc();
 #pragma unroll
-  for (int s = 0; s < D - 1; ++s) issue(s);
+  for (int s = 0; s < D - 1; ++s) issue();
 
-  int c_ks = u0 % KS, c_tg = u0 / KS;              // relative column group being consumed
+  int c_ks = u0 % KS, c_cg = u0 / KS;              // relative column group being consumed
   bool seg_first = true, seg_whole_start = c_ks == 0;
-  int slot = 0;
+  const unsigned char* c_slot = ring;
   for (int it = 0; it < run; ++it) {
     cp_async_wait<D - 2>();
     __syncwarp();
-    const unsigned char* sb = ring + slot * slot_bytes;
-    issue(slot == 0 ? D - 1 : slot - 1);           // refill the slot consumed in the previous iteration
-    slot = slot + 1 == D ? 0 : slot + 1;
+    const unsigned char* sb = c_slot;
+    c_slot = c_slot + slot_bytes == ring_end ? ring : c_slot + slot_bytes;
+    issue();                                       // refills the slot consumed in the previous iteration
 
     uint4 wv[TW];
 #pragma unroll
-    for (int i = 0; i < TW; ++i) wv[i] = reinterpret_cast<const uint4*>(sb)[32 * i + lane];
+    for (int i = 0; i < TW; ++i) wv[i] = lds128(sb + 16 * (32 * i + lane));
     u32 xf[2][NB][4];
 #pragma unroll
     for (int p = 0; p < 2; ++p)
@@ -213,8 +217,8 @@ __global__ void __launch_bounds__(512, 1) awq_gemv_tc_kernel(
       u32 zlo[TW], zhi[TW];
       float slo[TW], shi[TW];
 #pragma unroll
-      for (int i = 0; i < TW; ++i) {
-        const u32 sw = szw[((h * TW + i) * 2) * 8 + g8], zw = szw[((h * TW + i) * 2 + 1) * 8 + g8];
+      for (int i = 0; i < TW; ++i) {   // half h: TW blocks' scales (8 words each), then their zeros
+        const u32 sw = szw[16 * TW * h + 8 * i + g8], zw = szw[16 * TW * h + 8 * TW + 8 * i + g8];
         zlo[i] = bcast_lo(zw);
         zhi[i] = bcast_hi(zw);
         const T* sp = reinterpret_cast<const T*>(&sw);
@@ -250,12 +254,12 @@ __global__ void __launch_bounds__(512, 1) awq_gemv_tc_kernel(
 
     // Segment (one column group inside this run) ends at the group's last unit or at the run's end.
     if (++c_ks == KS || it + 1 == run) {
-      if (seg_whole_start && c_ks == KS) store(tg0 + c_tg, acc);
+      if (seg_whole_start && c_ks == KS) store(c_cg, acc);
       else to_partials(seg_first ? 2 * warp : 2 * warp + 1);
       zero_acc();
       seg_first = false;
       seg_whole_start = true;
-      if (c_ks == KS) { c_ks = 0; ++c_tg; }
+      if (c_ks == KS) { c_ks = 0; ++c_cg; }
     }
   }
   cp_async_wait<0>();
@@ -286,7 +290,7 @@ __global__ void __launch_bounds__(512, 1) awq_gemv_tc_kernel(
             v[i][nb][0] += q.x; v[i][nb][1] += q.y; v[i][nb][2] += q.z; v[i][nb][3] += q.w;
           }
       }
-      store(tg0 + tl, v);
+      store(tl, v);
     }
   }
 }

@@ -5,36 +5,42 @@ from awq_cupy import dispatch, jit, kernels
 from awq_cupy.ops import plan_gemv, plan_splits, rounds_weights, uses_cublas
 
 
-def _simulate_gemv_split(ntg, KS, grid, W):
-    """Python model of kernels_cu/gemv_tc.cu's work split: returns {column group: [units summed, in order]}
-    from the direct stores and the partial-sum reduction, following the kernel's own index arithmetic."""
+def _simulate_gemv_split(NT16, KS, grid, W, TW):
+    """Python model of kernels_cu/gemv_tc.cu's work split: returns {16-column block: [64-k units summed, in
+    order]} from the direct stores and the partial-sum reduction, following the kernel's own index arithmetic."""
     out = {}
+
+    def put(b0, nblk, cg, seg):
+        for i in range(TW):
+            if TW * cg + i < nblk:
+                assert b0 + TW * cg + i not in out, "a block stored twice"
+                out[b0 + TW * cg + i] = [u % KS for u in seg]
+
     for b in range(grid):
-        tg0 = b * ntg // grid
-        n = (b + 1) * ntg // grid - tg0
-        units = n * KS
+        b0 = b * NT16 // grid
+        nblk = (b + 1) * NT16 // grid - b0
+        units = -(-nblk // TW) * KS
         U = -(-units // W) if units else 1
         slots, runs = {}, []
         for w in range(W):
             u0 = min(units, w * U)
             u1 = min(units, u0 + U)
             runs.append((u0, u1))
-            c_ks, c_tg = u0 % KS, u0 // KS
+            c_ks, c_cg = u0 % KS, u0 // KS
             seg_first, whole_start, seg = True, c_ks == 0, []
             for it in range(u1 - u0):
-                seg.append(c_tg * KS + c_ks)
+                seg.append(c_cg * KS + c_ks)
                 c_ks += 1
                 if c_ks == KS or it + 1 == u1 - u0:
                     if whole_start and c_ks == KS:
-                        assert tg0 + c_tg not in out, "a column group stored twice"
-                        out[tg0 + c_tg] = list(seg)
+                        put(b0, nblk, c_cg, seg)
                     else:
                         slot = 2 * w if seg_first else 2 * w + 1
                         assert slot not in slots, "a partial slot written twice"
-                        slots[slot] = (c_tg, list(seg))
+                        slots[slot] = (c_cg, list(seg))
                     seg, seg_first, whole_start = [], False, True
                     if c_ks == KS:
-                        c_ks, c_tg = 0, c_tg + 1
+                        c_ks, c_cg = 0, c_cg + 1
         for w, (u0, u1) in enumerate(runs):
             if u1 == u0:
                 continue
@@ -44,25 +50,24 @@ def _simulate_gemv_split(ntg, KS, grid, W):
                 first = 2 * w if tl * KS == u0 else 2 * w + 1
                 summed = []
                 for w2 in range(w, w_hi + 1):
-                    t, seg = slots.pop(first if w2 == w else 2 * w2)
-                    assert t == tl, "a partial of another column group"
+                    cg, seg = slots.pop(first if w2 == w else 2 * w2)
+                    assert cg == tl, "a partial of another column group"
                     summed += seg
-                assert tg0 + tl not in out
-                out[tg0 + tl] = summed
+                put(b0, nblk, tl, summed)
         assert not slots, "partials nobody reduced"
     return out
 
 
-@pytest.mark.parametrize("ntg,KS", [(448, 64), (64, 64), (96, 64), (256, 224), (1, 1), (16, 64), (7, 3), (1, 100),
-                                    (3, 5), (200, 1), (1792, 64), (33, 7)])
+@pytest.mark.parametrize("NT16,KS", [(448, 64), (64, 64), (96, 64), (256, 224), (4, 1), (16, 64), (12, 3),
+                                     (4, 100), (12, 5), (200, 1), (1792, 64), (36, 7), (260, 6)])
 @pytest.mark.parametrize("W", [16, 12, 4])
-def test_gemv_split_sums_every_unit_once(ntg, KS, W):
-    grid = max(1, min(ntg, 132))
-    out = _simulate_gemv_split(ntg, KS, grid, W)
-    assert sorted(out) == list(range(ntg)), "every column group is written exactly once"
-    for tg, seg in out.items():
-        assert len({u // KS for u in seg}) == 1, "units of one column group only"
-        assert seg == sorted(seg) and [u % KS for u in seg] == list(range(KS)), "each 64-k unit once, in k order"
+@pytest.mark.parametrize("TW", [1, 2, 4])
+def test_gemv_split_sums_every_unit_once(NT16, KS, W, TW):
+    grid = max(1, min(NT16, 132))
+    out = _simulate_gemv_split(NT16, KS, grid, W, TW)
+    assert sorted(out) == list(range(NT16)), "every 16-column block is written exactly once"
+    for t, seg in out.items():
+        assert seg == list(range(KS)), f"block {t}: each 64-k unit once, in k order"
 
 
 @pytest.mark.parametrize("M", [1, 2, 5, 8, 9, 16])
@@ -70,12 +75,13 @@ def test_gemv_split_sums_every_unit_once(ntg, KS, W):
 def test_gemv_plan_fits_the_arch(M, arch):
     a = jit.ARCHS[arch]
     for K, N, G in [(4096, 28672, 128), (14336, 4096, 32), (64, 64, 64), (28672, 8192, 128)]:
-        for tiles in kernels.GEMV_TILES:
+        for nb, tiles in kernels.GEMV_SHAPES:
+            if nb != -(-M // 8):
+                continue
             p = plan_gemv(M, K, N, G, arch=a, tiles=tiles)
             assert p["depth"] >= 2, "the ring needs a slot being filled and one being read"
             assert p["smem"] <= a.smem_optin
-            assert p["grid"] <= max(132, 1) and p["grid"] <= p["ntg"]
-            assert p["ntg"] * tiles * 16 >= N
+            assert p["grid"] <= 132 and p["grid"] <= p["NT16"] and p["NT16"] * 16 >= N
             assert p["aligned"] == (G % 64 == 0 or K // G == 1)
 
 
@@ -85,6 +91,17 @@ def test_gemv_plan_rejects_bad_m():
             plan_gemv(M, 64, 64, 64)
     with pytest.raises(ValueError, match="tiles"):
         plan_gemv(1, 64, 64, 64, tiles=3)
+    with pytest.raises(ValueError, match="tiles"):
+        plan_gemv(9, 64, 64, 64, tiles=4)
+
+
+def test_gemv_tiles_choice():
+    from awq_cupy.ops import gemv_tiles_for
+
+    assert gemv_tiles_for(1, 256, 132) == 2      # two blocks per CTA: one pair
+    assert gemv_tiles_for(1, 1792, 132) == 4     # ~14 blocks per CTA
+    assert gemv_tiles_for(16, 1792, 132) == 2    # two token blocks: at most pairs
+    assert gemv_tiles_for(1, 4, 4) == 1
 
 
 @pytest.mark.parametrize("k_stages,n_ctas,m_tiles", [(64, 112, 1), (64, 16, 1), (224, 16, 4), (1, 1, 1), (3, 2, 64)])

@@ -235,7 +235,7 @@ GEMV_SHAPES = [(4096, 1024, 128), (1000, 200, -1), (384, 4160, 32), (768, 96, 96
                (14336, 64, 128), (8, 8, -1), (2048, 520, 64)]
 
 
-@pytest.mark.parametrize("tiles", [1, 2])
+@pytest.mark.parametrize("tiles", [1, 2, 4])
 @pytest.mark.parametrize("K,N,G", GEMV_SHAPES)
 @pytest.mark.parametrize("kind", ["float16", "bfloat16"])
 def test_gemv_variants_against_reference(rng, tiles, K, N, G, kind):
@@ -244,22 +244,32 @@ def test_gemv_variants_against_reference(rng, tiles, K, N, G, kind):
     W64 = kernel_weight(Q, Z, S, G, kind, rounded=False)
     bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
     for M in (1, 3, 8, 9, 16):
+        if tiles == 4 and M > 8:
+            continue
         x = random_x(rng, M, K, kind)
         assert_matmul_close(_gemv(x, w, tiles, bias), x, W64, kind, bias=bias,
                             what=f"GEMV tiles={tiles} {K}x{N} G={G} M={M} {kind}")
 
 
 def test_gemv_is_deterministic_and_rows_are_independent(rng):
+    """Bitwise the same run to run; and a row's result does not depend on the other rows whenever the launch
+    plan (warps per CTA, blocks per unit) is the same, since the summation order depends only on the plan."""
+    from awq_cupy.ops import plan_gemv
+
     K, N = 14336, 4096
     Q, Z, S, G = random_layer(rng, K, N, 128)
     w = _weight(Q, Z, S, G, "float16")
     x = random_x(rng, 16, K, "float16")
-    for tiles in (1, 2):
+    for tiles in (1, 2, 4):
         rows = np.concatenate([_gemv(x[i:i + 1], w, tiles) for i in range(16)])
+        one = plan_gemv(1, K, N, G, tiles=tiles)
         for M in (3, 8, 16):
+            if tiles == 4 and M > 8:
+                continue
             a, b = _gemv(x[:M], w, tiles), _gemv(x[:M], w, tiles)
             np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=f"run to run, M={M}")
-            np.testing.assert_array_equal(a.view(np.uint16), rows[:M].view(np.uint16), err_msg=f"rows, M={M}")
+            if plan_gemv(M, K, N, G, tiles=tiles)["warps"] == one["warps"]:
+                np.testing.assert_array_equal(a.view(np.uint16), rows[:M].view(np.uint16), err_msg=f"rows, M={M}")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -54,12 +54,12 @@ def test_column_permutation(rng):
     A = rng.standard_normal((3, 200)).astype(np.float16)
     P = layout.permute_columns(A, 256)
     assert P.shape == (3, 256)
-    for c in range(8):
-        for m in range(8):
-            for chunk in range(4):
-                n = 64 * chunk + c + 8 * m
+    for t in range(16):
+        for c in range(8):
+            for h in range(2):
+                n = 16 * t + c + 8 * h              # lane c's fragment columns of block t
                 expect = A[:, n] if n < 200 else 0
-                np.testing.assert_array_equal(P[:, 64 * chunk + 8 * c + m], expect)
+                np.testing.assert_array_equal(P[:, 16 * t + 2 * c + h], expect)
     np.testing.assert_array_equal(layout.unpermute_columns(P, 200), A)
 
 
