@@ -162,6 +162,27 @@ template <int N> AWQ_DEVICE void cp_async_wait() {
 #endif
 }
 
+// cp.async.wait_group with a run-time count (the instruction takes an immediate): a uniform switch.
+AWQ_DEVICE void cp_async_wait_dyn(int n) {
+  switch (n) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 4: cp_async_wait<4>(); break;
+    case 5: cp_async_wait<5>(); break;
+    case 6: cp_async_wait<6>(); break;
+    case 7: cp_async_wait<7>(); break;
+    case 8: cp_async_wait<8>(); break;
+    case 9: cp_async_wait<9>(); break;
+    case 10: cp_async_wait<10>(); break;
+    case 11: cp_async_wait<11>(); break;
+    case 12: cp_async_wait<12>(); break;
+    case 13: cp_async_wait<13>(); break;
+    default: cp_async_wait<14>(); break;
+  }
+}
+
 // One 16-byte shared-memory load (the address must be 16-byte aligned; spelled out because the compiler cannot
 // see the alignment of a computed ring-slot address and would split it into four 4-byte loads).
 AWQ_DEVICE uint4 lds128(const void* p) {

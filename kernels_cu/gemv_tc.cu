@@ -30,10 +30,11 @@
 // __syncwarp publishes the shared rows to the warp.
 // Math: the weights enter the mma as exact (q - z) (lop3 magic conversion minus MAGIC + z); each group's fp32
 // sum is multiplied by the channel's scale at the group's end (in fp32, once per 64 or 32 k).
-// Variants: T x NB x TW x ring depth D per arch x GA (table: awq_cupy/kernels.py). Launched by awq_cupy.matmul.
+// Variants: T x (NB, TW) x GA (table: awq_cupy/kernels.py); the ring depth D is a launch argument (what the
+// shared memory allows for the shape and M). Launched by awq_cupy.matmul.
 #include "common.cuh"
 
-template <typename T, int NB, int TW, int D, bool GA>
+template <typename T, int NB, int TW, bool GA>
 __global__ void __launch_bounds__(512, 1) awq_gemv_tc_kernel(
     const T* __restrict__ x,          // [M, K] activations
     const uint4* __restrict__ qtiles, // [NT16][KS][32] weight blocks
@@ -44,7 +45,8 @@ __global__ void __launch_bounds__(512, 1) awq_gemv_tc_kernel(
     int M, int N, int K,              // problem size (M <= 8 NB)
     int NT16, int KS,                 // 16-column blocks, 64-k blocks per column block
     int G, int NG, int Np,            // group size, number of groups, padded N
-    int slot_bytes) {                 // bytes per ring slot (depends on R = min(M, 8 NB))
+    int slot_bytes,                   // bytes per ring slot (depends on R = min(M, 8 NB))
+    int D) {                          // ring slots per warp (2 .. 16)
   constexpr int SZ = GA ? 1 : 2;      // scale groups per unit
   constexpr int PV = TW * NB * 4;     // fp32 accumulators per lane
   constexpr int XP = 2 * NB;          // x pieces (16 B) a lane may copy per unit: 8 R <= 64 NB pieces
@@ -65,10 +67,16 @@ __global__ void __launch_bounds__(512, 1) awq_gemv_tc_kernel(
   const int u0 = min(units, warp * U), u1 = min(units, u0 + U);
   const int run = u1 - u0;
 
-  // Shared memory: a 16-byte zero row | partials [2W][32][PV] fp32 | W rings of D slots.
+  // Shared memory: a 16-byte zero row | first-segment partials [W][32][PV] fp32 | W rings of D slots. A warp's
+  // last-segment partial goes to the start of its own ring once its loop is done (slot >= 32 PV floats).
   const uint4* zero16 = reinterpret_cast<const uint4*>(smem);
-  float* partials = reinterpret_cast<float*>(smem + 16);
-  unsigned char* ring = smem + 16 + 2 * W * 32 * PV * 4 + warp * D * slot_bytes;
+  float* first_partials = reinterpret_cast<float*>(smem + 16);
+  unsigned char* const rings = smem + 16 + W * 32 * PV * 4;
+  unsigned char* ring = rings + warp * D * slot_bytes;
+  auto partial_ptr = [&](int w2, bool first) {
+    return reinterpret_cast<float4*>(first ? first_partials + (long long)w2 * 32 * PV
+                                           : reinterpret_cast<float*>(rings + (long long)w2 * D * slot_bytes)) + lane * (PV / 4);
+  };
   if (threadIdx.x == 0) *reinterpret_cast<uint4*>(smem) = make_uint4(0u, 0u, 0u, 0u);
   __syncthreads();
 
@@ -166,8 +174,8 @@ __global__ void __launch_bounds__(512, 1) awq_gemv_tc_kernel(
         }
     }
   };
-  auto to_partials = [&](int slot) {
-    float4* p = reinterpret_cast<float4*>(partials + ((long long)slot * 32 + lane) * PV);
+  auto to_partials = [&](bool first) {
+    float4* p = partial_ptr(warp, first);
 #pragma unroll
     for (int i = 0; i < TW; ++i)
 #pragma unroll
@@ -188,14 +196,13 @@ __global__ void __launch_bounds__(512, 1) awq_gemv_tc_kernel(
   const int xq = lane >> 3, xsw = lane & 7;        // matrix index, swizzle key (tok & 7 == lane & 7)
 
   zero_acc();
-#pragma unroll
   for (int s = 0; s < D - 1; ++s) issue();
 
   int c_ks = u0 % KS, c_cg = u0 / KS;              // relative column group being consumed
-  bool seg_first = true, seg_whole_start = c_ks == 0;
+  bool seg_first = true, seg_whole_start = c_ks == 0, last_partial = false;
   const unsigned char* c_slot = ring;
   for (int it = 0; it < run; ++it) {
-    cp_async_wait<D - 2>();
+    cp_async_wait_dyn(D - 2);
     __syncwarp();
     const unsigned char* sb = c_slot;
     c_slot = c_slot + slot_bytes == ring_end ? ring : c_slot + slot_bytes;
@@ -254,15 +261,23 @@ __global__ void __launch_bounds__(512, 1) awq_gemv_tc_kernel(
 
     // Segment (one column group inside this run) ends at the group's last unit or at the run's end.
     if (++c_ks == KS || it + 1 == run) {
-      if (seg_whole_start && c_ks == KS) store(c_cg, acc);
-      else to_partials(seg_first ? 2 * warp : 2 * warp + 1);
+      if (seg_whole_start && c_ks == KS) {
+        store(c_cg, acc);
+      } else if (seg_first) {
+        to_partials(true);
+      } else {
+        last_partial = true;                       // the run's end: written to the ring after the loop
+        break;
+      }
       zero_acc();
       seg_first = false;
       seg_whole_start = true;
       if (c_ks == KS) { c_ks = 0; ++c_cg; }
     }
   }
-  cp_async_wait<0>();
+  cp_async_wait<0>();                              // (only empty groups can still be pending)
+  __syncwarp();                                    // every lane is done reading the ring
+  if (last_partial) to_partials(false);
   __syncthreads();
 
   // Shared column groups: the warp in which a group starts sums the partials of its contributors in warp
@@ -272,7 +287,6 @@ __global__ void __launch_bounds__(512, 1) awq_gemv_tc_kernel(
     if (tl * KS >= u0 && (tl + 1) * KS > u1) {
       const int w_hi = ((tl + 1) * KS - 1) / U;
       float v[TW][NB][4];
-      const int first_slot = tl * KS == u0 ? 2 * warp : 2 * warp + 1;
 #pragma unroll
       for (int i = 0; i < TW; ++i)
 #pragma unroll
@@ -280,8 +294,7 @@ __global__ void __launch_bounds__(512, 1) awq_gemv_tc_kernel(
 #pragma unroll
           for (int e = 0; e < 4; ++e) v[i][nb][e] = 0.f;
       for (int w2 = warp; w2 <= w_hi; ++w2) {
-        const float4* p =
-            reinterpret_cast<const float4*>(partials + ((long long)(w2 == warp ? first_slot : 2 * w2) * 32 + lane) * PV);
+        const float4* p = partial_ptr(w2, w2 != warp || tl * KS == u0);
 #pragma unroll
         for (int i = 0; i < TW; ++i)
 #pragma unroll

@@ -80,6 +80,7 @@ def test_gemv_plan_fits_the_arch(M, arch):
                 continue
             p = plan_gemv(M, K, N, G, arch=a, tiles=tiles)
             assert p["depth"] >= 2, "the ring needs a slot being filled and one being read"
+            assert p["depth"] * p["slot"] >= 32 * 4 * 4 * tiles * nb, "a ring must hold its warp's last partial"
             assert p["smem"] <= a.smem_optin
             assert p["grid"] <= 132 and p["grid"] <= p["NT16"] and p["NT16"] * 16 >= N
             assert p["aligned"] == (G % 64 == 0 or K // G == 1)
