@@ -63,13 +63,15 @@ GEMV_SHAPES = ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2))   # (token blocks, tiles)
 GEMV_MAX_WARPS = 16
 
 
-GEMV_MAX_DEPTH = 16
-
-
-def gemv_depth_target(tiles: int) -> int:
-    """Ring slots per warp for about 6 KB of weights in flight per warp (96 KB per SM with 16 warps): the H200
-    needs ~100 KB per SM in flight to stream HBM at full speed (bench/NOTES.md, v9)."""
-    return 1 + -(-6144 // (512 * tiles))
+def gemv_depth(arch: Arch, tiles: int) -> int:
+    """Ring slots per warp: about 6 KB of weights in flight per warp (96 KB per SM with 16 warps) where shared
+    memory allows; the H200 streams HBM at ~2 TB/s with half of that (bench/NOTES.md, v9)."""
+    if arch.cc < 80:
+        return 2          # no cp.async: copies are synchronous, double buffering is all that helps
+    full = 1 + -(-6144 // (512 * tiles))            # 13, 7, 4 for 1, 2, 4 blocks per unit
+    if arch.smem_optin >= 200 * 1024:
+        return full
+    return max(3, full * 2 // 3) if arch.smem_optin >= 150 * 1024 else max(2, full // 2)
 
 
 def gemv_slot_bytes(token_blocks: int, tiles: int, aligned: bool, rows: int) -> int:
@@ -83,12 +85,13 @@ def gemv_smem_bytes(warps: int, depth: int, token_blocks: int, tiles: int, align
             + warps * depth * gemv_slot_bytes(token_blocks, tiles, aligned, rows))
 
 
-def gemv_variant(dtype: str, token_blocks: int, tiles: int, aligned: bool) -> str:
-    return f"awq_gemv_tc_kernel<{CTYPE[dtype]}, {token_blocks}, {tiles}, {'true' if aligned else 'false'}>"
+def gemv_variant(dtype: str, token_blocks: int, tiles: int, depth: int, aligned: bool) -> str:
+    return (f"awq_gemv_tc_kernel<{CTYPE[dtype]}, {token_blocks}, {tiles}, {depth}, "
+            f"{'true' if aligned else 'false'}>")
 
 
 GEMV_TC = KernelFamily("gemv_tc", "gemv_tc.cu",
-                       lambda arch: tuple(gemv_variant(d, nb, tw, ga) for d in gemm_dtypes(arch)
+                       lambda arch: tuple(gemv_variant(d, nb, tw, gemv_depth(arch, tw), ga) for d in gemm_dtypes(arch)
                                           for nb, tw in GEMV_SHAPES for ga in (True, False)),
                        hot=True)
 

@@ -305,8 +305,7 @@ def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: i
     memory. ``tiles`` (blocks per warp unit) defaults to ``gemv_tiles_for``. The plan depends on (M, K, N, G)
     and the GPU, and so does the summation order."""
     from .jit import ARCHS
-    from .kernels import (GEMV_MAX_DEPTH, GEMV_SHAPES, GEMV_TOKEN_BLOCKS, gemv_depth_target, gemv_slot_bytes,
-                          gemv_smem_bytes)
+    from .kernels import GEMV_SHAPES, GEMV_TOKEN_BLOCKS, gemv_depth, gemv_slot_bytes, gemv_smem_bytes
     from .layout import padded_sizes
 
     arch = ARCHS["90"] if arch is None else arch
@@ -323,17 +322,14 @@ def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: i
     NG = max(1, K // group_size)
     aligned = group_size % 64 == 0 or NG == 1
     rows = min(M, 8 * nb)
-    slot = gemv_slot_bytes(nb, tw, aligned, rows)
-    target = min(GEMV_MAX_DEPTH, gemv_depth_target(tw)) if arch.cc >= 80 else 2   # sm_75: synchronous copies
-    plan = dict(token_blocks=nb, tiles=tw, aligned=aligned, rows=rows, grid=grid, NT16=NT16, slot=slot)
-    # The most warps (16, 12, 8, 4) with at least 3 slots each (2 where only that fits), then the deepest ring.
-    for min_depth in (3, 2):
-        for warps in (16, 12, 8, 4):
-            fixed = gemv_smem_bytes(warps, 0, nb, tw, aligned, rows)
-            depth = min(target, (arch.smem_optin - fixed) // (warps * slot))
-            if depth >= min(min_depth, target):
-                plan.update(warps=warps, depth=depth, smem=gemv_smem_bytes(warps, depth, nb, tw, aligned, rows))
-                return plan
+    depth = gemv_depth(arch, tw)
+    plan = dict(token_blocks=nb, tiles=tw, depth=depth, aligned=aligned, rows=rows, grid=grid, NT16=NT16,
+                slot=gemv_slot_bytes(nb, tw, aligned, rows))
+    for warps in (16, 12, 8, 4):
+        smem = gemv_smem_bytes(warps, depth, nb, tw, aligned, rows)
+        if smem <= arch.smem_optin:
+            plan.update(warps=warps, smem=smem)
+            return plan
     raise ValueError(f"the GEMV for M={M} does not fit the {arch.smem_optin} bytes of shared memory of "
                      f"{arch.target}")
 
@@ -343,11 +339,11 @@ def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count, tiles=None):
     from .kernels import gemv_variant, kernel
 
     p = plan_gemv(M, w.K, w.N, w.group_size, arch=arch_of_device(w.device), sm_count=sm_count, tiles=tiles)
-    k = kernel("gemv_tc", gemv_variant(kind, p["token_blocks"], p["tiles"], p["aligned"]), w.device)
+    k = kernel("gemv_tc", gemv_variant(kind, p["token_blocks"], p["tiles"], p["depth"], p["aligned"]), w.device)
     k.launch((p["grid"],), (32 * p["warps"],),
              (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(w.K),
               as_i32(p["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(w.NT * 64),
-              as_i32(p["slot"]), as_i32(p["depth"])),
+              as_i32(p["slot"])),
              smem=p["smem"])
 
 

@@ -112,6 +112,49 @@ AWQ_DEVICE u32 bcast_lo(u32 v) { return __byte_perm(v, v, 0x1010); }
 AWQ_DEVICE u32 bcast_hi(u32 v) { return __byte_perm(v, v, 0x3232); }
 
 // ------------------------------------------------------------------------------------------------------------
+// One tile-layout word -> the exact (q - z) A fragment {a0, a1, a2, a3} of the swapped-operand GEMV (slots
+// (0,4), (2,6), (1,5), (3,7); awq_cupy/layout.py), for one 16-column block whose zero word holds MAGIC + z of
+// channels c (low half) and c + 8 (high half).
+// fp16 takes one shift per word: slots 1, 5 (and 3, 7 after the shift) are converted in place with mask
+// 0x00f000f0, which gives 1024 + 16q; one fma by 1/16 and -(64 + z) makes q - z exactly (FasterTransformer /
+// Marlin's trick). bf16 (7 mantissa bits: the in-place form does not fit) shifts each nibble pair down.
+// ------------------------------------------------------------------------------------------------------------
+template <typename T> struct WeightDecoder;
+template <> struct WeightDecoder<__half> {
+  u32 zlo, zhi, nz64lo, nz64hi;   // (1024 + z) pairs and -(64 + z) pairs of channels c and c + 8
+  AWQ_DEVICE void set_zeros(u32 zw) {
+    zlo = bcast_lo(zw);
+    zhi = bcast_hi(zw);
+    const __half2 k960 = __float2half2_rn(960.f);   // 960 - (1024 + z) = -(64 + z), exact
+    __half2 a = __hsub2(k960, *reinterpret_cast<__half2*>(&zlo));
+    __half2 b = __hsub2(k960, *reinterpret_cast<__half2*>(&zhi));
+    nz64lo = *reinterpret_cast<u32*>(&a);
+    nz64hi = *reinterpret_cast<u32*>(&b);
+  }
+  AWQ_DEVICE void a_fragment(u32 w, u32 (&a)[4]) const {
+    const u32 w8 = w >> 8;
+    const __half2 sixteenth = __float2half2_rn(0.0625f);
+    a[0] = hsub2_bits<__half>(lop3<0xea>(w, 0x000f000fu, 0x64006400u), zlo);
+    a[1] = hsub2_bits<__half>(lop3<0xea>(w8, 0x000f000fu, 0x64006400u), zhi);
+    const u32 h2 = lop3<0xea>(w, 0x00f000f0u, 0x64006400u), h3 = lop3<0xea>(w8, 0x00f000f0u, 0x64006400u);
+    __half2 r2 = __hfma2(*reinterpret_cast<const __half2*>(&h2), sixteenth, *reinterpret_cast<const __half2*>(&nz64lo));
+    __half2 r3 = __hfma2(*reinterpret_cast<const __half2*>(&h3), sixteenth, *reinterpret_cast<const __half2*>(&nz64hi));
+    a[2] = *reinterpret_cast<u32*>(&r2);
+    a[3] = *reinterpret_cast<u32*>(&r3);
+  }
+};
+template <> struct WeightDecoder<__nv_bfloat16> {
+  u32 zlo, zhi;
+  AWQ_DEVICE void set_zeros(u32 zw) { zlo = bcast_lo(zw); zhi = bcast_hi(zw); }
+  AWQ_DEVICE void a_fragment(u32 w, u32 (&a)[4]) const {
+    a[0] = hsub2_bits<__nv_bfloat16>(int4pair_magic<__nv_bfloat16>(w), zlo);
+    a[1] = hsub2_bits<__nv_bfloat16>(int4pair_magic<__nv_bfloat16>(w >> 8), zhi);
+    a[2] = hsub2_bits<__nv_bfloat16>(int4pair_magic<__nv_bfloat16>(w >> 4), zlo);
+    a[3] = hsub2_bits<__nv_bfloat16>(int4pair_magic<__nv_bfloat16>(w >> 12), zhi);
+  }
+};
+
+// ------------------------------------------------------------------------------------------------------------
 // Shared-memory movement. cp.async (sm_80+) with zero fill: src-size 0 writes 16 zero bytes without reading
 // global memory, which is how tails (rows >= M, k >= K) are masked. On sm_75 a synchronous copy stands in.
 // ------------------------------------------------------------------------------------------------------------

@@ -30,11 +30,11 @@
 // __syncwarp publishes the shared rows to the warp.
 // Math: the weights enter the mma as exact (q - z) (lop3 magic conversion minus MAGIC + z); each group's fp32
 // sum is multiplied by the channel's scale at the group's end (in fp32, once per 64 or 32 k).
-// Variants: T x (NB, TW) x GA (table: awq_cupy/kernels.py); the ring depth D is a launch argument (what the
-// shared memory allows for the shape and M). Launched by awq_cupy.matmul.
+// Variants: T x (NB, TW) x GA, with the ring depth D per (arch, TW) (table: awq_cupy/kernels.py); when M's x
+// rows make the rings too large for shared memory the launch uses fewer warps. Launched by awq_cupy.matmul.
 #include "common.cuh"
 
-template <typename T, int NB, int TW, bool GA>
+template <typename T, int NB, int TW, int D, bool GA>
 __global__ void __launch_bounds__(512, 1) awq_gemv_tc_kernel(
     const T* __restrict__ x,          // [M, K] activations
     const uint4* __restrict__ qtiles, // [NT16][KS][32] weight blocks
@@ -45,8 +45,7 @@ __global__ void __launch_bounds__(512, 1) awq_gemv_tc_kernel(
     int M, int N, int K,              // problem size (M <= 8 NB)
     int NT16, int KS,                 // 16-column blocks, 64-k blocks per column block
     int G, int NG, int Np,            // group size, number of groups, padded N
-    int slot_bytes,                   // bytes per ring slot (depends on R = min(M, 8 NB))
-    int D) {                          // ring slots per warp (2 .. 16)
+    int slot_bytes) {                 // bytes per ring slot (depends on R = min(M, 8 NB))
   constexpr int SZ = GA ? 1 : 2;      // scale groups per unit
   constexpr int PV = TW * NB * 4;     // fp32 accumulators per lane
   constexpr int XP = 2 * NB;          // x pieces (16 B) a lane may copy per unit: 8 R <= 64 NB pieces
@@ -196,13 +195,23 @@ __global__ void __launch_bounds__(512, 1) awq_gemv_tc_kernel(
   const int xq = lane >> 3, xsw = lane & 7;        // matrix index, swizzle key (tok & 7 == lane & 7)
 
   zero_acc();
+#pragma unroll
   for (int s = 0; s < D - 1; ++s) issue();
 
   int c_ks = u0 % KS, c_cg = u0 / KS;              // relative column group being consumed
   bool seg_first = true, seg_whole_start = c_ks == 0, last_partial = false;
+  // GA: units left in the current scale group (its fp32 sums are scaled once, at the group's end).
+  const int upg = NG == 1 ? KS : G / 64;
+  int g_left = NG == 1 ? KS - c_ks : upg - c_ks % upg;
+#pragma unroll
+  for (int i = 0; i < TW; ++i)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) accg[i][nb][e] = 0.f;
   const unsigned char* c_slot = ring;
   for (int it = 0; it < run; ++it) {
-    cp_async_wait_dyn(D - 2);
+    cp_async_wait<D - 2>();
     __syncwarp();
     const unsigned char* sb = c_slot;
     c_slot = c_slot + slot_bytes == ring_end ? ring : c_slot + slot_bytes;
@@ -219,44 +228,46 @@ __global__ void __launch_bounds__(512, 1) awq_gemv_tc_kernel(
         ldmatrix_x4(xf[p][nb], xrd_ok[nb] ? static_cast<const void*>(sb + xrd[nb] + 16 * ((4 * p + xq) ^ xsw))
                                           : static_cast<const void*>(zero16));
     const u32* szw = reinterpret_cast<const u32*>(sb + SZ_OFF);
+    const bool seg_end = c_ks + 1 == KS || it + 1 == run;
+    auto flush = [&](int h) {   // acc += s * accg per channel (scales of group half h of this unit); accg = 0
+#pragma unroll
+      for (int i = 0; i < TW; ++i) {
+        const u32 sw = szw[16 * TW * h + 8 * i + g8];
+        const T* sp = reinterpret_cast<const T*>(&sw);
+        const float slo = Traits<T>::to_float(sp[0]), shi = Traits<T>::to_float(sp[1]);
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            acc[i][nb][e] = fmaf(e < 2 ? slo : shi, accg[i][nb][e], acc[i][nb][e]);
+            accg[i][nb][e] = 0.f;
+          }
+      }
+    };
 #pragma unroll
     for (int h = 0; h < SZ; ++h) {
-      u32 zlo[TW], zhi[TW];
-      float slo[TW], shi[TW];
+      WeightDecoder<T> dec[TW];
 #pragma unroll
-      for (int i = 0; i < TW; ++i) {   // half h: TW blocks' scales (8 words each), then their zeros
-        const u32 sw = szw[16 * TW * h + 8 * i + g8], zw = szw[16 * TW * h + 8 * TW + 8 * i + g8];
-        zlo[i] = bcast_lo(zw);
-        zhi[i] = bcast_hi(zw);
-        const T* sp = reinterpret_cast<const T*>(&sw);
-        slo[i] = Traits<T>::to_float(sp[0]);
-        shi[i] = Traits<T>::to_float(sp[1]);
-      }
+      for (int i = 0; i < TW; ++i) dec[i].set_zeros(szw[16 * TW * h + 8 * TW + 8 * i + g8]);
 #pragma unroll
       for (int tt = 0; tt < 4 / SZ; ++tt) {
         const int t = h * (4 / SZ) + tt;           // k16 step of the unit
 #pragma unroll
         for (int i = 0; i < TW; ++i) {
-          const u32 w = t == 0 ? wv[i].x : t == 1 ? wv[i].y : t == 2 ? wv[i].z : wv[i].w;
           u32 a[4];
-          a[0] = hsub2_bits<T>(int4pair_magic<T>(w), zlo[i]);
-          a[1] = hsub2_bits<T>(int4pair_magic<T>(w >> 8), zhi[i]);
-          a[2] = hsub2_bits<T>(int4pair_magic<T>(w >> 4), zlo[i]);
-          a[3] = hsub2_bits<T>(int4pair_magic<T>(w >> 12), zhi[i]);
+          dec[i].a_fragment(t == 0 ? wv[i].x : t == 1 ? wv[i].y : t == 2 ? wv[i].z : wv[i].w, a);
 #pragma unroll
           for (int nb = 0; nb < NB; ++nb) {
             const u32* b = xf[t >> 1][nb] + 2 * (t & 1);
-            if (tt == 0) mma_16816_first<T>(accg[i][nb], a, b[0], b[1]);
-            else mma_16816<T>(accg[i][nb], a, b[0], b[1]);
+            mma_16816<T>(accg[i][nb], a, b[0], b[1]);
           }
         }
       }
-#pragma unroll
-      for (int i = 0; i < TW; ++i)
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[i][nb][e] = fmaf(e < 2 ? slo[i] : shi[i], accg[i][nb][e], acc[i][nb][e]);
+      if (!GA) flush(h);                           // two groups per unit: each half is its own group
+    }
+    if (GA) {
+      if (--g_left == 0 || seg_end) flush(0);
+      if (g_left == 0) g_left = upg;
     }
 
     // Segment (one column group inside this run) ends at the group's last unit or at the run's end.
