@@ -95,7 +95,7 @@ GEMV_TC = KernelFamily("gemv_tc", "gemv_tc.cu",
                                           for nb, tw in GEMV_SHAPES for ga in (True, False)),
                        hot=True)
 
-BENCH_UTIL = KernelFamily("bench_util", "bench_util.cu", lambda arch: ("awq_spin_kernel", "awq_touch_kernel"),
+BENCH_UTIL = KernelFamily("bench_util", "bench_util.cu", lambda arch: ("awq_spin_kernel", "awq_touch_kernel", "awq_stream_probe_kernel"),
                          hot=False)
 
 FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (DEQUANT, REPACK, GEMM_TC, GEMV_TC, BENCH_UTIL)}

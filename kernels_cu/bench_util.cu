@@ -25,3 +25,41 @@ __global__ void awq_touch_kernel(const uint4* __restrict__ buf, long long n16, u
   }
   if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x9e3779b9u) sink[0] = 1;  // practically never: keeps the loads alive
 }
+
+// Memory-pipeline probe (bench/stream_probe.py): the GEMV's streaming structure without its math. Each warp of
+// a grid of one CTA per SM streams `units` units of `tw` 512-byte pieces through a `depth`-slot cp.async ring
+// in shared memory and XORs what it reads. A warp owns tw * units * 512 contiguous bytes; `strided` = 0 reads
+// them in order (a unit's pieces adjacent), 1 as tw parallel streams (piece i of unit u at i * units + u, like
+// the blocks of a GEMV column group). Shows what bandwidth the ring structure reaches before any decoding.
+__global__ void __launch_bounds__(1024, 1) awq_stream_probe_kernel(
+    const uint4* __restrict__ src, int units, int tw, int strided, int depth, unsigned* __restrict__ sink) {
+  extern __shared__ __align__(16) unsigned char smem_probe[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
+  const long long gw = (long long)blockIdx.x * W + warp;
+  unsigned char* ring = smem_probe + (long long)warp * depth * tw * 512;
+  const uint4* p = src + gw * (long long)units * tw * 32 + lane;   // this warp's bytes
+  int issued = 0;
+  auto issue = [&](int slot) {
+    if (issued < units) {
+      for (int i = 0; i < tw; ++i)
+        cp_async16(ring + (slot * tw + i) * 512 + 16 * lane,
+                   p + 32 * (strided ? (long long)i * units + issued : (long long)issued * tw + i), true);
+      ++issued;
+    }
+    cp_async_commit();
+  };
+  for (int s = 0; s < depth - 1; ++s) issue(s);
+  uint4 acc = make_uint4(0, 0, 0, 0);
+  for (int u = 0; u < units; ++u) {
+    cp_async_wait_dyn(depth - 2);
+    __syncwarp();
+    const int slot = u % depth;
+    issue((u + depth - 1) % depth);
+    for (int i = 0; i < tw; ++i) {
+      const uint4 v = lds128(ring + (slot * tw + i) * 512 + 16 * lane);
+      acc.x ^= v.x; acc.y ^= v.y; acc.z ^= v.z; acc.w ^= v.w;
+    }
+  }
+  cp_async_wait<0>();
+  if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x9e3779b9u) sink[0] = 1;
+}
