@@ -74,6 +74,14 @@ def gemv_depth(arch: Arch, tiles: int) -> int:
     return max(3, full * 2 // 3) if arch.smem_optin >= 150 * 1024 else max(2, full // 2)
 
 
+def gemv_depths(arch: Arch, tiles: int) -> tuple[int, ...]:
+    """Ring depths instantiated for ``tiles``: the default first, then deeper ones where shared memory allows
+    (the launch plan may pick them with fewer warps; `python -m awq_cupy tune` measures the choice)."""
+    d = gemv_depth(arch, tiles)
+    deeper = {1: (), 2: (10,), 4: (6,)}[tiles] if arch.smem_optin >= 200 * 1024 else ()
+    return (d,) + tuple(x for x in deeper if x != d)
+
+
 def gemv_slot_bytes(token_blocks: int, tiles: int, aligned: bool, rows: int) -> int:
     """One ring slot: weights (tiles x 512 B), scale/zero pieces, ``rows`` x rows of 128 B (as in the kernel)."""
     return tiles * 512 + (1 if aligned else 2) * tiles * 64 + rows * 128
@@ -91,8 +99,9 @@ def gemv_variant(dtype: str, token_blocks: int, tiles: int, depth: int, aligned:
 
 
 GEMV_TC = KernelFamily("gemv_tc", "gemv_tc.cu",
-                       lambda arch: tuple(gemv_variant(d, nb, tw, gemv_depth(arch, tw), ga) for d in gemm_dtypes(arch)
-                                          for nb, tw in GEMV_SHAPES for ga in (True, False)),
+                       lambda arch: tuple(gemv_variant(d, nb, tw, depth, ga) for d in gemm_dtypes(arch)
+                                          for nb, tw in GEMV_SHAPES for depth in gemv_depths(arch, tw)
+                                          for ga in (True, False)),
                        hot=True)
 
 BENCH_UTIL = KernelFamily("bench_util", "bench_util.cu", lambda arch: ("awq_spin_kernel", "awq_touch_kernel", "awq_stream_probe_kernel"),

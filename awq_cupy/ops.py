@@ -298,14 +298,15 @@ def gemv_tiles_for(M: int, NT16: int, grid: int) -> int:
 
 
 def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: int = 132,
-              tiles: int | None = None) -> dict:
+              tiles: int | None = None, depth: int | None = None, warps: int | None = None) -> dict:
     """Launch plan of the GEMV for M <= 16 tokens on ``arch`` (a jit.Arch; default sm_90): dict(variant
     parameters token_blocks, tiles, depth, aligned; grid, warps, smem, slot, NT16). One CTA per SM (at most one
     per 16-column block); the warp count is the largest of 16, 12, 8, 4 whose rings fit the arch's shared
-    memory. ``tiles`` (blocks per warp unit) defaults to ``gemv_tiles_for``. The plan depends on (M, K, N, G)
+    memory. ``tiles`` (blocks per warp unit) defaults to ``gemv_tiles_for``; ``depth`` (ring slots, one of
+    ``kernels.gemv_depths``) and ``warps`` override the defaults (for tuning). The plan depends on (M, K, N, G)
     and the GPU, and so does the summation order."""
     from .jit import ARCHS
-    from .kernels import GEMV_SHAPES, GEMV_TOKEN_BLOCKS, gemv_depth, gemv_slot_bytes, gemv_smem_bytes
+    from .kernels import GEMV_SHAPES, GEMV_TOKEN_BLOCKS, gemv_depths, gemv_slot_bytes, gemv_smem_bytes
     from .layout import padded_sizes
 
     arch = ARCHS["90"] if arch is None else arch
@@ -322,23 +323,27 @@ def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: i
     NG = max(1, K // group_size)
     aligned = group_size % 64 == 0 or NG == 1
     rows = min(M, 8 * nb)
-    depth = gemv_depth(arch, tw)
+    depths = gemv_depths(arch, tw)
+    if depth is not None and depth not in depths:
+        raise ValueError(f"depth={depth} is not instantiated for tiles={tw} on {arch.target}; choose from {depths}")
+    depth = depths[0] if depth is None else depth
     plan = dict(token_blocks=nb, tiles=tw, depth=depth, aligned=aligned, rows=rows, grid=grid, NT16=NT16,
                 slot=gemv_slot_bytes(nb, tw, aligned, rows))
-    for warps in (16, 12, 8, 4):
-        smem = gemv_smem_bytes(warps, depth, nb, tw, aligned, rows)
+    for w in (16, 12, 8, 4) if warps is None else (warps,):
+        smem = gemv_smem_bytes(w, depth, nb, tw, aligned, rows)
         if smem <= arch.smem_optin:
-            plan.update(warps=warps, smem=smem)
+            plan.update(warps=w, smem=smem)
             return plan
-    raise ValueError(f"the GEMV for M={M} does not fit the {arch.smem_optin} bytes of shared memory of "
-                     f"{arch.target}")
+    raise ValueError(f"the GEMV for M={M} (tiles={tw}, depth={depth}, warps={warps}) does not fit the "
+                     f"{arch.smem_optin} bytes of shared memory of {arch.target}")
 
 
-def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count, tiles=None):
+def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count, tiles=None, depth=None, warps=None):
     from .jit import arch_of_device
     from .kernels import gemv_variant, kernel
 
-    p = plan_gemv(M, w.K, w.N, w.group_size, arch=arch_of_device(w.device), sm_count=sm_count, tiles=tiles)
+    p = plan_gemv(M, w.K, w.N, w.group_size, arch=arch_of_device(w.device), sm_count=sm_count, tiles=tiles,
+                  depth=depth, warps=warps)
     k = kernel("gemv_tc", gemv_variant(kind, p["token_blocks"], p["tiles"], p["depth"], p["aligned"]), w.device)
     k.launch((p["grid"],), (32 * p["warps"],),
              (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(w.K),

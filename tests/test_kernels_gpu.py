@@ -217,7 +217,7 @@ def test_golden_fixtures_through_matmul(rng):
 # ---------------------------------------------------------------------------------------------------------------
 # The GEMV (M <= 16): every variant, awkward splits, determinism, row independence
 # ---------------------------------------------------------------------------------------------------------------
-def _gemv(x, w, tiles, bias=None):
+def _gemv(x, w, tiles, bias=None, **plan):
     """Run the GEMV variant with ``tiles`` column blocks per unit directly (whatever the dispatch table says)."""
     from awq_cupy import ops
 
@@ -225,7 +225,7 @@ def _gemv(x, w, tiles, bias=None):
     M = x.shape[0]
     y = cp.full((M, w.N), np.nan, dtype=xg.dtype)
     b = cp.asarray(bias) if bias is not None else ops._NULL
-    ops._launch_gemv(xg, w, b, y, M, w.dtype, ops._sm_count(w.device), tiles=tiles)
+    ops._launch_gemv(xg, w, b, y, M, w.dtype, ops._sm_count(w.device), tiles=tiles, **plan)
     return y.get()
 
 
@@ -249,6 +249,27 @@ def test_gemv_variants_against_reference(rng, tiles, K, N, G, kind):
         x = random_x(rng, M, K, kind)
         assert_matmul_close(_gemv(x, w, tiles, bias), x, W64, kind, bias=bias,
                             what=f"GEMV tiles={tiles} {K}x{N} G={G} M={M} {kind}")
+
+
+def test_gemv_every_depth_and_warp_count(rng):
+    from awq_cupy.jit import arch_of_device
+    from awq_cupy.kernels import GEMV_SHAPES, gemv_depths
+
+    K, N, G = 2048, 4160, 128
+    Q, Z, S, G = random_layer(rng, K, N, G)
+    w = _weight(Q, Z, S, G, "float16")
+    W64 = kernel_weight(Q, Z, S, G, "float16", rounded=False)
+    arch = arch_of_device(w.device)
+    for nb, tiles in GEMV_SHAPES:
+        M = 8 * nb - 3
+        x = random_x(rng, M, K, "float16")
+        for depth in gemv_depths(arch, tiles):
+            for warps in (16, 12, 8, 4):
+                try:
+                    y = _gemv(x, w, tiles, depth=depth, warps=warps)
+                except ValueError:      # does not fit shared memory
+                    continue
+                assert_matmul_close(y, x, W64, "float16", what=f"tiles={tiles} depth={depth} warps={warps} M={M}")
 
 
 def test_gemv_is_deterministic_and_rows_are_independent(rng):
