@@ -104,7 +104,9 @@ GEMV_TC = KernelFamily("gemv_tc", "gemv_tc.cu",
                                           for ga in (True, False)),
                        hot=True)
 
-BENCH_UTIL = KernelFamily("bench_util", "bench_util.cu", lambda arch: ("awq_spin_kernel", "awq_touch_kernel", "awq_stream_probe_kernel"),
+BENCH_UTIL = KernelFamily("bench_util", "bench_util.cu", lambda arch: ("awq_spin_kernel", "awq_touch_kernel", "awq_stream_probe_kernel",
+                                                              "awq_ldg_probe_kernel<4>", "awq_ldg_probe_kernel<8>",
+                                                              "awq_ldg_probe_kernel<16>"),
                          hot=False)
 
 FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (DEQUANT, REPACK, GEMM_TC, GEMV_TC, BENCH_UTIL)}

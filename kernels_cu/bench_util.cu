@@ -63,3 +63,22 @@ __global__ void __launch_bounds__(1024, 1) awq_stream_probe_kernel(
   cp_async_wait<0>();
   if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x9e3779b9u) sink[0] = 1;
 }
+
+// The same bytes read with plain 16-byte loads into registers (U loads of consecutive 512-byte units in flight per
+// warp), for comparison with the cp.async ring above.
+template <int U>
+__global__ void __launch_bounds__(1024, 1) awq_ldg_probe_kernel(const uint4* __restrict__ src, int units,
+                                                                unsigned* __restrict__ sink) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
+  const long long gw = (long long)blockIdx.x * W + warp;
+  const uint4* p = src + gw * (long long)units * 32 + lane;
+  uint4 acc = make_uint4(0, 0, 0, 0);
+  for (int u = 0; u + U <= units; u += U) {
+    uint4 v[U];
+#pragma unroll
+    for (int j = 0; j < U; ++j) v[j] = __ldcs(p + (long long)(u + j) * 32);
+#pragma unroll
+    for (int j = 0; j < U; ++j) { acc.x ^= v[j].x; acc.y ^= v[j].y; acc.z ^= v[j].z; acc.w ^= v[j].w; }
+  }
+  if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x9e3779b9u) sink[0] = 1;
+}
