@@ -55,53 +55,33 @@ def _gemm_variants(arch: Arch) -> tuple[str, ...]:
 GEMM_TC = KernelFamily("gemm_tc", "gemm_tc.cu", _gemm_variants, hot=True)
 
 # Swapped-operand tensor-core GEMV for M <= 16 (kernels_cu/gemv_tc.cu): token blocks of 8 per mma (NB), column
-# groups of TW 16-column blocks per warp unit, a per-warp shared-memory ring of D 64-k units, one or two scale
-# groups per unit (GA: groups span whole 64-k blocks, or there is one group). One CTA per SM of up to 16 warps.
+# groups of TW 16-column blocks per warp unit, one or two scale groups per 64-k unit (GA: groups span whole 64-k
+# blocks, or there is one group), one unit loaded ahead in registers. One CTA per SM of up to 16 warps (12 when
+# TW * NB >= 4: registers).
 GEMV_TOKEN_BLOCKS = (1, 2)
 GEMV_TILES = (1, 2, 4)
 GEMV_SHAPES = ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2))   # (token blocks, tiles) pairs instantiated
-GEMV_MAX_WARPS = 16
 
 
-def gemv_depth(arch: Arch, tiles: int) -> int:
-    """Ring slots per warp: about 6 KB of weights in flight per warp (96 KB per SM with 16 warps) where shared
-    memory allows; the H200 streams HBM at ~2 TB/s with half of that (bench/NOTES.md, v9)."""
-    if arch.cc < 80:
-        return 2          # no cp.async: copies are synchronous, double buffering is all that helps
-    full = 1 + -(-6144 // (512 * tiles))            # 13, 7, 4 for 1, 2, 4 blocks per unit
-    if arch.smem_optin >= 200 * 1024:
-        return full
-    return max(3, full * 2 // 3) if arch.smem_optin >= 150 * 1024 else max(2, full // 2)
+def gemv_max_warps(token_blocks: int, tiles: int, arch: Arch) -> int:
+    """Warps per CTA the variant is compiled for (``awq_gemv::Bounds`` in the kernel)."""
+    if tiles * token_blocks >= 4:
+        return 8 if arch.cc < 80 else 12
+    return 16
 
 
-def gemv_depths(arch: Arch, tiles: int) -> tuple[int, ...]:
-    """Ring depths instantiated for ``tiles``: the default first, then deeper ones where shared memory allows
-    (the launch plan may pick them with fewer warps; `python -m awq_cupy tune` measures the choice)."""
-    d = gemv_depth(arch, tiles)
-    deeper = {1: (), 2: (10,), 4: (6,)}[tiles] if arch.smem_optin >= 200 * 1024 else ()
-    return (d,) + tuple(x for x in deeper if x != d)
+def gemv_smem_bytes(warps: int, token_blocks: int, tiles: int) -> int:
+    """Dynamic shared memory of awq_gemv_tc_kernel: two fp32 partial slots per warp."""
+    return 2 * warps * 32 * tiles * token_blocks * 4 * 4
 
 
-def gemv_slot_bytes(token_blocks: int, tiles: int, aligned: bool, rows: int) -> int:
-    """One ring slot: weights (tiles x 512 B), scale/zero pieces, ``rows`` x rows of 128 B (as in the kernel)."""
-    return tiles * 512 + (1 if aligned else 2) * tiles * 64 + rows * 128
-
-
-def gemv_smem_bytes(warps: int, depth: int, token_blocks: int, tiles: int, aligned: bool, rows: int) -> int:
-    """Dynamic shared memory of awq_gemv_tc_kernel: zero row + first-segment fp32 partials + the warps' rings."""
-    return (16 + warps * 32 * tiles * token_blocks * 4 * 4
-            + warps * depth * gemv_slot_bytes(token_blocks, tiles, aligned, rows))
-
-
-def gemv_variant(dtype: str, token_blocks: int, tiles: int, depth: int, aligned: bool) -> str:
-    return (f"awq_gemv_tc_kernel<{CTYPE[dtype]}, {token_blocks}, {tiles}, {depth}, "
-            f"{'true' if aligned else 'false'}>")
+def gemv_variant(dtype: str, token_blocks: int, tiles: int, aligned: bool) -> str:
+    return f"awq_gemv_tc_kernel<{CTYPE[dtype]}, {token_blocks}, {tiles}, {'true' if aligned else 'false'}>"
 
 
 GEMV_TC = KernelFamily("gemv_tc", "gemv_tc.cu",
-                       lambda arch: tuple(gemv_variant(d, nb, tw, depth, ga) for d in gemm_dtypes(arch)
-                                          for nb, tw in GEMV_SHAPES for depth in gemv_depths(arch, tw)
-                                          for ga in (True, False)),
+                       lambda arch: tuple(gemv_variant(d, nb, tw, ga) for d in gemm_dtypes(arch)
+                                          for nb, tw in GEMV_SHAPES for ga in (True, False)),
                        hot=True)
 
 BENCH_UTIL = KernelFamily("bench_util", "bench_util.cu", lambda arch: ("awq_spin_kernel", "awq_touch_kernel", "awq_stream_probe_kernel",

@@ -298,15 +298,13 @@ def gemv_tiles_for(M: int, NT16: int, grid: int) -> int:
 
 
 def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: int = 132,
-              tiles: int | None = None, depth: int | None = None, warps: int | None = None) -> dict:
-    """Launch plan of the GEMV for M <= 16 tokens on ``arch`` (a jit.Arch; default sm_90): dict(variant
-    parameters token_blocks, tiles, depth, aligned; grid, warps, smem, slot, NT16). One CTA per SM (at most one
-    per 16-column block); the warp count is the largest of 16, 12, 8, 4 whose rings fit the arch's shared
-    memory. ``tiles`` (blocks per warp unit) defaults to ``gemv_tiles_for``; ``depth`` (ring slots, one of
-    ``kernels.gemv_depths``) and ``warps`` override the defaults (for tuning). The plan depends on (M, K, N, G)
-    and the GPU, and so does the summation order."""
+              tiles: int | None = None, warps: int | None = None) -> dict:
+    """Launch plan of the GEMV for M <= 16 tokens on ``arch`` (a jit.Arch; default sm_90): dict(token_blocks,
+    tiles, aligned, grid, warps, smem, NT16). One CTA per SM (at most one per 16-column block) of the variant's
+    warp count. ``tiles`` (blocks per warp unit) defaults to ``gemv_tiles_for``; ``warps`` overrides the warp
+    count (for tuning). The plan depends on (M, K, N, G) and the GPU, and so does the summation order."""
     from .jit import ARCHS
-    from .kernels import GEMV_SHAPES, GEMV_TOKEN_BLOCKS, gemv_depths, gemv_slot_bytes, gemv_smem_bytes
+    from .kernels import GEMV_SHAPES, GEMV_TOKEN_BLOCKS, gemv_max_warps, gemv_smem_bytes
     from .layout import padded_sizes
 
     arch = ARCHS["90"] if arch is None else arch
@@ -320,35 +318,25 @@ def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: i
     if (nb, tw) not in GEMV_SHAPES:
         raise ValueError(f"tiles={tw} is not a GEMV variant for M={M}; instantiated (token blocks, tiles): "
                          f"{GEMV_SHAPES}")
+    most = gemv_max_warps(nb, tw, arch)
+    w = most if warps is None else warps
+    if not 1 <= w <= most:
+        raise ValueError(f"warps={warps}: the GEMV variant for M={M}, tiles={tw} runs 1 to {most} warps per CTA")
     NG = max(1, K // group_size)
-    aligned = group_size % 64 == 0 or NG == 1
-    rows = min(M, 8 * nb)
-    depths = gemv_depths(arch, tw)
-    if depth is not None and depth not in depths:
-        raise ValueError(f"depth={depth} is not instantiated for tiles={tw} on {arch.target}; choose from {depths}")
-    depth = depths[0] if depth is None else depth
-    plan = dict(token_blocks=nb, tiles=tw, depth=depth, aligned=aligned, rows=rows, grid=grid, NT16=NT16,
-                slot=gemv_slot_bytes(nb, tw, aligned, rows))
-    for w in (16, 12, 8, 4) if warps is None else (warps,):
-        smem = gemv_smem_bytes(w, depth, nb, tw, aligned, rows)
-        if smem <= arch.smem_optin:
-            plan.update(warps=w, smem=smem)
-            return plan
-    raise ValueError(f"the GEMV for M={M} (tiles={tw}, depth={depth}, warps={warps}) does not fit the "
-                     f"{arch.smem_optin} bytes of shared memory of {arch.target}")
+    return dict(token_blocks=nb, tiles=tw, aligned=group_size % 64 == 0 or NG == 1, grid=grid, NT16=NT16,
+                warps=w, smem=gemv_smem_bytes(w, nb, tw))
 
 
-def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count, tiles=None, depth=None, warps=None):
+def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count, tiles=None, warps=None):
     from .jit import arch_of_device
     from .kernels import gemv_variant, kernel
 
     p = plan_gemv(M, w.K, w.N, w.group_size, arch=arch_of_device(w.device), sm_count=sm_count, tiles=tiles,
-                  depth=depth, warps=warps)
-    k = kernel("gemv_tc", gemv_variant(kind, p["token_blocks"], p["tiles"], p["depth"], p["aligned"]), w.device)
+                  warps=warps)
+    k = kernel("gemv_tc", gemv_variant(kind, p["token_blocks"], p["tiles"], p["aligned"]), w.device)
     k.launch((p["grid"],), (32 * p["warps"],),
              (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(w.K),
-              as_i32(p["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(w.NT * 64),
-              as_i32(p["slot"])),
+              as_i32(p["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(w.NT * 64)),
              smem=p["smem"])
 
 

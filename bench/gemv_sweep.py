@@ -1,4 +1,4 @@
-"""Sweep the GEMV's launch parameters (blocks per unit, ring depth, warps per CTA) on model layers, timed like
+"""Sweep the GEMV's launch parameters (blocks per unit, warps per CTA) on model layers, timed like
 `python -m awq_cupy bench` (queue preloaded, weights rotated). Usage:
     python3 bench/gemv_sweep.py [M,...]   (default 1,8)
 """
@@ -11,7 +11,7 @@ import awq_cupy
 from awq_cupy import formats, ops
 from awq_cupy.bench import MODELS, Timer
 from awq_cupy.jit import arch_of_device
-from awq_cupy.kernels import GEMV_SHAPES, gemv_depths
+from awq_cupy.kernels import GEMV_SHAPES
 
 ms = [int(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else [1, 8]
 arch = arch_of_device(0)
@@ -33,17 +33,16 @@ for name, K, N in MODELS["mistral-7b"]:
         for nb, tw in GEMV_SHAPES:
             if nb != -(-M // 8):
                 continue
-            for depth in gemv_depths(arch, tw):
-                for warps in (16, 12, 8):
-                    try:
-                        ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, tiles=tw, depth=depth, warps=warps)
-                    except ValueError:
-                        continue
-                    us = timer(lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, "float16", sms, tiles=tw,
-                                                          depth=depth, warps=warps), max(20, nq), 3)
-                    res.append((us, tw, depth, warps))
+            for warps in (16, 12, 8, 4):
+                try:
+                    ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, tiles=tw, warps=warps)
+                except ValueError:
+                    continue
+                us = timer(lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, "float16", sms, tiles=tw,
+                                                      warps=warps), max(20, nq), 3)
+                res.append((us, tw, warps))
         res.sort()
-        print(f"{name:8s} M={M:2d} " + "  ".join(f"tw{tw}/d{d}/w{wp}:{us:.1f}" for us, tw, d, wp in res[:8]),
+        print(f"{name:8s} M={M:2d} " + "  ".join(f"tw{tw}/w{wp}:{us:.1f}" for us, tw, wp in res[:8]),
               flush=True)
     del wq
     cp.get_default_memory_pool().free_all_blocks()

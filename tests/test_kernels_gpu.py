@@ -251,25 +251,22 @@ def test_gemv_variants_against_reference(rng, tiles, K, N, G, kind):
                             what=f"GEMV tiles={tiles} {K}x{N} G={G} M={M} {kind}")
 
 
-def test_gemv_every_depth_and_warp_count(rng):
-    from awq_cupy.jit import arch_of_device
-    from awq_cupy.kernels import GEMV_SHAPES, gemv_depths
-
+def test_gemv_every_warp_count(rng):
     K, N, G = 2048, 4160, 128
     Q, Z, S, G = random_layer(rng, K, N, G)
     w = _weight(Q, Z, S, G, "float16")
     W64 = kernel_weight(Q, Z, S, G, "float16", rounded=False)
-    arch = arch_of_device(w.device)
+    from awq_cupy.kernels import GEMV_SHAPES
+
     for nb, tiles in GEMV_SHAPES:
         M = 8 * nb - 3
         x = random_x(rng, M, K, "float16")
-        for depth in gemv_depths(arch, tiles):
-            for warps in (16, 12, 8, 4):
-                try:
-                    y = _gemv(x, w, tiles, depth=depth, warps=warps)
-                except ValueError:      # does not fit shared memory
-                    continue
-                assert_matmul_close(y, x, W64, "float16", what=f"tiles={tiles} depth={depth} warps={warps} M={M}")
+        for warps in (16, 12, 7, 4, 1):
+            try:
+                y = _gemv(x, w, tiles, warps=warps)
+            except ValueError:      # more warps than the variant is compiled for
+                continue
+            assert_matmul_close(y, x, W64, "float16", what=f"tiles={tiles} warps={warps} M={M}")
 
 
 def test_gemv_is_deterministic_and_rows_are_independent(rng):
