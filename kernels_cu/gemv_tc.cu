@@ -22,9 +22,9 @@
 //   the ends of each run) leaves fp32 partials in shared memory; after one block barrier, the warp in which
 //   the group starts adds them in warp order and writes y. The summation order depends on (K, N, G), the GPU
 //   and the launch plan, never on timing, so results are bitwise reproducible run to run.
-// Memory pipeline: plain 16-byte loads into registers, one unit ahead: while a warp decodes and multiplies unit
-// u, the loads of unit u + 1 (its TW weight words with the streaming cache hint, the scale/zero words of its
-// blocks, and the x^T fragments of its 64 k) are in flight. On the H200 this reaches 3.7 TB/s with 2 KB in
+// Memory pipeline: plain 16-byte loads into registers, one or two units ahead: while a warp decodes and
+// multiplies unit u, the loads of the next units (TW weight words with the streaming cache hint, the scale/zero
+// words of their blocks, and the x^T fragments of their 64 k) are in flight. On the H200 this reaches 3.7 TB/s with 2 KB in
 // flight per warp, where a cp.async shared-memory ring of any depth stayed at 1.6-3.5 TB/s (bench/NOTES.md, v10,
 // bench/stream_probe.py). x is read through L1 (every warp of the CTA reads the same rows).
 // Math: the weights enter the mma as exact (q - z); each group's fp32 sum is multiplied by the channel's scale
@@ -36,13 +36,15 @@
 namespace awq_gemv {
 // Threads per CTA the kernel is compiled for (registers: the one-unit-ahead pipeline of 4 blocks needs ~160).
 // sm_75 has fewer registers per thread at 384 threads than this variant needs without spilling.
-template <int NB, int TW> struct Bounds {
+template <int NB, int TW, bool GA> struct Bounds {
   static constexpr int threads = (TW * NB >= 4) ? (AWQ_CUPY_CC < 800 ? 256 : 384) : 512;
+  // units in registers (S - 1 loading ahead); two scale groups per unit cost too many registers for three
+  static constexpr int stages = (NB == 1 && (TW == 1 || (TW == 2 && GA))) ? 3 : 2;
 };
 }  // namespace awq_gemv
 
 template <typename T, int NB, int TW, bool GA>
-__global__ void __launch_bounds__(awq_gemv::Bounds<NB, TW>::threads, 1) awq_gemv_tc_kernel(
+__global__ void __launch_bounds__(awq_gemv::Bounds<NB, TW, GA>::threads, 1) awq_gemv_tc_kernel(
     const T* __restrict__ x,          // [M, K] activations
     const uint4* __restrict__ qtiles, // [NT16][KS][32] weight blocks
     const u32* __restrict__ scales,   // [NG, Np] permuted scales, as u32 pairs
@@ -230,15 +232,20 @@ __global__ void __launch_bounds__(awq_gemv::Bounds<NB, TW>::threads, 1) awq_gemv
     }
   };
 
-  // Two stages in registers: the loads of one unit are in flight while the previous one is computed.
-  Stage sa, sb;
-  if (run > 0) load(sa);
-  for (int it = 0; it < run; it += 2) {
-    if (it + 1 < run) load(sb);
-    compute(sa, it);
-    if (it + 1 >= run) break;
-    if (it + 2 < run) load(sa);
-    compute(sb, it + 1);
+  // S stages in registers: the loads of S - 1 units are in flight while one is computed (S = 3 where the
+  // registers allow it under the launch bound, else 2).
+  constexpr int S = awq_gemv::Bounds<NB, TW, GA>::stages;
+  Stage st[S];
+#pragma unroll
+  for (int j = 0; j < S - 1; ++j)
+    if (j < run) load(st[j]);
+  for (int it = 0; it < run; it += S) {
+#pragma unroll
+    for (int j = 0; j < S; ++j) {
+      if (it + j >= run) break;
+      if (it + j + S - 1 < run) load(st[(j + S - 1) % S]);
+      compute(st[j], it + j);
+    }
   }
   __syncthreads();
 
