@@ -31,9 +31,10 @@ MODELS = {
 DEFAULT_M = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 QUICK_M = [1, 16, 64, 256, 1024]
 CONTENDERS = ("awq_cupy", "cublas_fp16", "dequant_cublas")
-# awq_cupy's individual paths, whatever the dispatch table would pick (for `tune` and kernel work): the GEMV
-# with 1, 2 or 4 16-column blocks per warp unit (M <= 16; 4 only for M <= 8) and the fused tensor-core GEMM.
-PATHS = ("gemv1", "gemv2", "gemv4", "gemm")
+# awq_cupy's individual paths, whatever the dispatch table would pick (for `tune` and kernel work): the GEMV with
+# its default plan, or 1, 2 or 4 16-column blocks per warp unit (M <= 16; 4 only for M <= 8), and the fused
+# tensor-core GEMM.
+PATHS = ("gemv", "gemv1", "gemv2", "gemv4", "gemm")
 
 
 @dataclass
@@ -173,6 +174,7 @@ def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, co
 
             calls = {
                 "awq_cupy": lambda i: awq_cupy.matmul(x, wq[i % nq], out=y),
+                "gemv": lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, dtype, sms),
                 "gemv1": lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, dtype, sms, tiles=1),
                 "gemv2": lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, dtype, sms, tiles=2),
                 "gemv4": lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, dtype, sms, tiles=4),

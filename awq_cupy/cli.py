@@ -1,4 +1,4 @@
-"""Command line: ``python -m awq_cupy {compile,bench}``."""
+"""Command line: ``python -m awq_cupy {compile,bench,tune}``."""
 from __future__ import annotations
 
 import argparse
@@ -41,6 +41,12 @@ def _cmd_bench(args) -> int:
     from .bench import main as bench_main
 
     return bench_main(args)
+
+
+def _cmd_tune(args) -> int:
+    from .tune import main as tune_main
+
+    return tune_main(args)
 
 
 def _int_list(text: str) -> list[int]:
@@ -95,5 +101,17 @@ def main(argv=None) -> int:
     b.add_argument("--json", default="bench_results.json", help="where to write the JSON results")
     b.add_argument("--plot", default="bench_results.png", help="where to write the PNG plot (needs matplotlib)")
     b.set_defaults(func=lambda a: _cmd_bench(a))
+    t = sub.add_parser("tune", help="measure which kernel is fastest at each M on this GPU and write the "
+                                    "dispatch table matmul uses")
+    t.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["mistral-7b"],
+                   help="model layer sets to sum over (default: mistral-7b)")
+    t.add_argument("--shapes", type=_shape_list, default=None, help="custom layers instead, e.g. 4096x6144")
+    t.add_argument("--m", type=_int_list, default=None, help="comma-separated M values (default 1..512)")
+    t.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
+    t.add_argument("--group-size", type=int, default=128)
+    t.add_argument("--trials", type=int, default=3)
+    t.add_argument("--rotate-mb", type=int, default=512, help="MB of weight copies rotated per contender")
+    t.add_argument("--out", default=None, help="where to write the table (default: awq_cupy.dispatch.table_path())")
+    t.set_defaults(func=lambda a: _cmd_tune(a))
     args = p.parse_args(argv)
     return args.func(args)

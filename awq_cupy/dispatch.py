@@ -3,11 +3,20 @@
 ``gemv_max_m``: largest M for the swapped-operand tensor-core GEMV (kernels_cu/gemv_tc.cu; at most 16).
 ``cublas_min_m``: smallest M at which dequantize + cuBLAS (fp16 only) beats the fused GEMM; it is never used
 while the current stream is capturing a CUDA graph (CuPy cannot capture cuBLAS), nor with ``batch_invariant``.
-Measured with ``python -m awq_cupy bench`` (see bench/NOTES.md); archs without a row use ``default``.
+
+The built-in rows below were measured with ``python -m awq_cupy bench`` (bench/NOTES.md). ``python -m awq_cupy
+tune`` measures them on the GPU at hand and writes a JSON table; ``for_arch`` reads that file when it exists:
+``$AWQ_CUPY_DISPATCH`` if set (``builtin`` ignores every file), else ``<cache dir>/dispatch.json`` (the compile
+cache directory, ``$AWQ_CUPY_CACHE_DIR`` or ``~/.cache/awq_cupy``). Archs without a row use ``default``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+GEMV_LIMIT = 16      # the GEMV kernel's largest M (two token blocks of 8)
 
 
 @dataclass(frozen=True)
@@ -15,15 +24,79 @@ class Dispatch:
     gemv_max_m: int
     cublas_min_m: int
 
+    def __post_init__(self):
+        for name in ("gemv_max_m", "cublas_min_m"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"dispatch {name}={v!r} must be a non-negative integer")
+        if self.gemv_max_m > GEMV_LIMIT:
+            raise ValueError(f"dispatch gemv_max_m={self.gemv_max_m} exceeds the GEMV's limit of {GEMV_LIMIT}")
+        if self.cublas_min_m <= self.gemv_max_m:
+            raise ValueError(f"dispatch cublas_min_m={self.cublas_min_m} must exceed gemv_max_m={self.gemv_max_m}")
+
 
 TABLE: dict[str, Dispatch] = {
-    # H200 (sm_90), 2026-11-29, Mistral-7B layers summed (bench/NOTES.md, runs v1 and v8): the GEMV beats the
-    # fused GEMM up to M = 8 but not at M = 16 (136 vs 108 us); the fused GEMM beats dequantize + cuBLAS at
-    # M = 128 (323 vs 349 us) and loses at M = 256 (580 vs 350 us).
+    # H200 (sm_90), 2026-11-30, Mistral-7B layers summed (bench/NOTES.md v10): the GEMV beats the fused GEMM up
+    # to M = 16 (99 vs 100 us at M = 16, 57 vs 96 us at M = 1); the fused GEMM beats dequantize + cuBLAS at
+    # M = 128 (323 vs 349 us, v7) and loses at M = 256 (580 vs 350 us).
     "90": Dispatch(gemv_max_m=16, cublas_min_m=256),
     "default": Dispatch(gemv_max_m=16, cublas_min_m=256),
 }
 
 
+def table_path() -> Path | None:
+    """The tuned table ``for_arch`` reads, or None (``AWQ_CUPY_DISPATCH=builtin``)."""
+    env = os.environ.get("AWQ_CUPY_DISPATCH", "")
+    if env == "builtin":
+        return None
+    if env:
+        return Path(env)
+    from .jit import cache_dir
+
+    return cache_dir() / "dispatch.json"
+
+
+_loaded: dict = {}
+
+
+def load_table(path: Path) -> dict[str, Dispatch]:
+    """Rows of a table written by ``python -m awq_cupy tune``; ValueError naming the file when malformed."""
+    try:
+        data = json.loads(Path(path).read_text())
+        rows = data["table"]
+        return {str(k): Dispatch(**v) for k, v in rows.items()}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"dispatch table {path} is not a valid `python -m awq_cupy tune` file: {e}") from None
+
+
 def for_arch(arch_key: str) -> Dispatch:
+    path = table_path()
+    if path is not None and path.is_file():
+        key = (str(path), path.stat().st_mtime_ns)
+        if key not in _loaded:
+            _loaded.clear()
+            _loaded[key] = load_table(path)
+        tuned = _loaded[key]
+        if arch_key in tuned:
+            return tuned[arch_key]
     return TABLE.get(arch_key, TABLE["default"])
+
+
+def write_table(path: Path, rows: dict[str, Dispatch], measured: dict) -> None:
+    """Write (merge into) a tuned table: one row per arch key, with the measurements that chose it."""
+    path = Path(path)
+    old = {}
+    if path.is_file():
+        try:
+            old = json.loads(path.read_text())
+        except ValueError:
+            old = {}
+    table = dict(old.get("table", {}))
+    table.update({k: asdict(v) for k, v in rows.items()})
+    meas = dict(old.get("measured", {}))
+    meas.update(measured)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"table": table, "measured": meas}, indent=1))
+    tmp.replace(path)
+    _loaded.clear()

@@ -201,8 +201,9 @@ def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
 
     Runs on the caller's current CuPy stream without synchronising, and is capturable in a CUDA graph (under
     capture pass ``out=`` and keep it alive with the graph). Dispatch by M (table: ``awq_cupy.dispatch``):
-    M <= 8 runs the swapped-operand tensor-core GEMV (kernels_cu/gemv_tc.cu; exact (q - z) in the mma, scales
-    applied to fp32 group sums; fp32 atomic accumulation across warps, so not bitwise reproducible run to run); middle M runs the tensor-core GEMM (kernels_cu/gemm_tc.cu; (q - z) * s rounded
+    small M (up to 16 on the H200) runs the swapped-operand tensor-core GEMV (kernels_cu/gemv_tc.cu; exact
+    (q - z) in the mma, scales applied to fp32 group sums, partial sums added in a fixed order: bitwise
+    reproducible run to run); middle M runs the tensor-core GEMM (kernels_cu/gemm_tc.cu; (q - z) * s rounded
     once in x's dtype, fp32 split-K partials added in a fixed order); large fp16 M runs dequantize + cuBLAS
     (a temporary dense [K, N] weight), except while the stream is capturing a CUDA graph, where the fused
     GEMM runs instead because CuPy cannot capture cuBLAS.
@@ -289,12 +290,15 @@ def uses_cublas(M: int, dtype: str, arch_key: str = "90", batch_invariant: bool 
 
 
 def gemv_tiles_for(M: int, NT16: int, grid: int) -> int:
-    """16-column blocks per GEMV warp unit: the cheapest by a count of instructions per 64 k (about 60 per block
-    and 50 per unit of bookkeeping, measured from the SASS), given the CTA with the most blocks; with two token
-    blocks (M > 8) at most 2 (registers)."""
+    """16-column blocks per GEMV warp unit, from the H200 sweep (bench/gemv_sweep.py, bench/NOTES.md v10): pairs
+    (16 warps; 12 with two token blocks) almost everywhere; four blocks (12 warps) once M > 4 and each CTA has at
+    least 8 blocks (x fragments shared by more blocks); single blocks when a CTA has only one."""
     most = -(-NT16 // grid)
-    options = (1, 2, 4) if M <= 8 else (1, 2)
-    return min(options, key=lambda tw: (-(-most // tw) * (60 * tw + 50), tw))
+    if most < 2:
+        return 1
+    if M > 8:
+        return 2
+    return 4 if M > 4 and most >= 8 else 2
 
 
 def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: int = 132,

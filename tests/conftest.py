@@ -8,6 +8,9 @@ import pytest
 
 from awq_cupy._array import gpu_available
 
+# The tests check the built-in dispatch table, not a table `python -m awq_cupy tune` may have written on this machine.
+os.environ.setdefault("AWQ_CUPY_DISPATCH", "builtin")
+
 # Golden layers packed by AutoAWQ's own code (copied from shared/fixtures/awq-reference; see its README).
 FIXTURES = Path(os.environ.get("AWQ_CUPY_FIXTURES", Path(__file__).resolve().parent / "data" / "awq-reference"))
 

@@ -135,3 +135,39 @@ def test_bench_arguments_parse():
     assert captured["m"] == [1, 16] and captured["shapes"] == [(4096, 6144), (14336, 4096)]
     assert captured["dtype"] == "bfloat16" and captured["quick"] and captured["group_size"] == 64
     assert captured["json"] == "r.json"
+
+
+@pytest.mark.skipif(gpu_available(), reason="a GPU is present: tune would run")
+def test_tune_without_gpu_says_so(tmp_path):
+    r = run_cli("tune", "--m", "1,16", cache=tmp_path / "cache")
+    assert r.returncode == 2
+    assert "needs a CUDA GPU" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "cache" / "dispatch.json").exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--m", "0"], "expected positive integers"),
+    (["--dtype", "int8"], "invalid choice"),
+    (["--models", "gpt2"], "invalid choice"),
+])
+def test_tune_rejects_bad_arguments(tmp_path, args, message):
+    r = run_cli("tune", *args, cache=tmp_path / "cache")
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_tune_arguments_parse():
+    from awq_cupy import cli
+
+    captured = {}
+
+    def fake(args):
+        captured.update(vars(args))
+        return 0
+
+    real = cli._cmd_tune
+    cli._cmd_tune = fake
+    try:
+        assert cli.main(["tune", "--m", "1,8,256", "--models", "llama-2-70b", "--out", "t.json"]) == 0
+    finally:
+        cli._cmd_tune = real
+    assert captured["m"] == [1, 8, 256] and captured["models"] == ["llama-2-70b"] and captured["out"] == "t.json"

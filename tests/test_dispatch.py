@@ -101,25 +101,49 @@ def test_gemv_tiles_choice():
     from awq_cupy.ops import gemv_tiles_for
 
     assert gemv_tiles_for(1, 256, 132) == 2      # two blocks per CTA: one pair
-    assert gemv_tiles_for(1, 1792, 132) == 4     # ~14 blocks per CTA
+    assert gemv_tiles_for(1, 1792, 132) == 2     # ~14 blocks per CTA, one token: pairs
+    assert gemv_tiles_for(8, 1792, 132) == 4     # eight tokens: fours (x shared by more blocks)
     assert gemv_tiles_for(16, 1792, 132) == 2    # two token blocks: at most pairs
-    assert gemv_tiles_for(1, 4, 4) == 1
+    assert gemv_tiles_for(1, 4, 4) == 1          # one block per CTA
 
 
-@pytest.mark.parametrize("k_stages,n_ctas,m_tiles", [(64, 112, 1), (64, 16, 1), (224, 16, 4), (1, 1, 1), (3, 2, 64)])
-def test_gemm_splits_partition_k(k_stages, n_ctas, m_tiles):
-    splits, per = plan_splits(k_stages, n_ctas, m_tiles)
-    assert splits >= 1 and per >= 1
-    assert (splits - 1) * per < k_stages <= splits * per, "every split gets work and K is covered"
+def test_tune_choice_from_measurements():
+    from awq_cupy.tune import choose
+
+    sums = {1: dict(gemv=50, gemm=90, dequant_cublas=400), 8: dict(gemv=60, gemm=90, dequant_cublas=400),
+            16: dict(gemv=100, gemm=95, dequant_cublas=400), 64: dict(gemm=150, dequant_cublas=300),
+            128: dict(gemm=320, dequant_cublas=340), 256: dict(gemm=580, dequant_cublas=350),
+            512: dict(gemm=1100, dequant_cublas=600)}
+    assert choose(sums) == (8, 256)
+    # cuBLAS never wins: one past the largest M; bf16 (no cuBLAS path) likewise
+    assert choose({1: dict(gemv=1, gemm=2), 32: dict(gemm=5)}) == (1, 33)
+    # the GEMV loses already at M = 1
+    assert choose({1: dict(gemv=3, gemm=2, dequant_cublas=9)}) == (0, 2)
 
 
-def test_dispatch_table_is_consistent():
-    for key, d in dispatch.TABLE.items():
-        assert 1 <= d.gemv_max_m <= 8 * max(kernels.GEMV_TOKEN_BLOCKS), key
-        assert d.cublas_min_m > d.gemv_max_m, key
-    assert dispatch.for_arch("does-not-exist") == dispatch.TABLE["default"]
-    d = dispatch.for_arch("90")
-    assert not rounds_weights(d.gemv_max_m) and rounds_weights(d.gemv_max_m + 1)
-    assert rounds_weights(1, batch_invariant=True)
-    assert uses_cublas(d.cublas_min_m, "float16") and not uses_cublas(d.cublas_min_m - 1, "float16")
-    assert not uses_cublas(10**6, "bfloat16") and not uses_cublas(10**6, "float16", batch_invariant=True)
+def test_tuned_table_round_trip_and_precedence(tmp_path, monkeypatch):
+    path = tmp_path / "dispatch.json"
+    monkeypatch.setenv("AWQ_CUPY_DISPATCH", str(path))
+    assert dispatch.for_arch("90") == dispatch.TABLE["90"]          # no file yet: built-in
+    dispatch.write_table(path, {"90": dispatch.Dispatch(gemv_max_m=4, cublas_min_m=128)}, {"90": {"x": 1}})
+    assert dispatch.for_arch("90") == dispatch.Dispatch(4, 128)
+    assert dispatch.for_arch("80") == dispatch.TABLE["default"]     # archs without a tuned row
+    assert rounds_weights(5) and not rounds_weights(4)
+    dispatch.write_table(path, {"80": dispatch.Dispatch(gemv_max_m=8, cublas_min_m=512)}, {})
+    assert dispatch.for_arch("90") == dispatch.Dispatch(4, 128) and dispatch.for_arch("80").cublas_min_m == 512
+    monkeypatch.setenv("AWQ_CUPY_DISPATCH", "builtin")
+    assert dispatch.for_arch("90") == dispatch.TABLE["90"]
+    monkeypatch.setenv("AWQ_CUPY_DISPATCH", str(path))
+    path.write_text('{"table": {"90": {"gemv_max_m": 64, "cublas_min_m": 128}}}')
+    with pytest.raises(ValueError, match="gemv_max_m=64"):
+        dispatch.for_arch("90")
+    path.write_text("not json")
+    with pytest.raises(ValueError, match="not a valid"):
+        dispatch.for_arch("90")
+
+
+def test_dispatch_rows_are_validated():
+    with pytest.raises(ValueError, match="cublas_min_m"):
+        dispatch.Dispatch(gemv_max_m=8, cublas_min_m=8)
+    with pytest.raises(ValueError, match="non-negative integer"):
+        dispatch.Dispatch(gemv_max_m=-1, cublas_min_m=8)
