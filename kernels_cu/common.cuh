@@ -185,15 +185,6 @@ AWQ_DEVICE void cp_async16_stream(void* dst, const void* src, bool pred, u64 pol
   cp_async16(dst, src, pred);
 #endif
 }
-// 4-byte cp.async (.ca: the only form that takes 4 bytes) with the same zero-fill predicate.
-AWQ_DEVICE void cp_async4(void* dst, const void* src, bool pred) {
-#if AWQ_CUPY_CC >= 800
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(pred ? 4 : 0));
-#else
-  *reinterpret_cast<u32*>(dst) = pred ? *reinterpret_cast<const u32*>(src) : 0u;
-#endif
-}
 AWQ_DEVICE void cp_async_commit() {
 #if AWQ_CUPY_CC >= 800
   asm volatile("cp.async.commit_group;\n" ::);
@@ -205,7 +196,8 @@ template <int N> AWQ_DEVICE void cp_async_wait() {
 #endif
 }
 
-// cp.async.wait_group with a run-time count (the instruction takes an immediate): a uniform switch.
+// cp.async.wait_group with a run-time count (the instruction takes an immediate): a uniform switch (used by the
+// memory-pipeline probe in bench_util.cu, where the depth is a measurement parameter).
 AWQ_DEVICE void cp_async_wait_dyn(int n) {
   switch (n) {
     case 0: cp_async_wait<0>(); break;
@@ -272,8 +264,3 @@ template <> AWQ_DEVICE void mma_16816<__nv_bfloat16>(float (&c)[4], const u32 (&
 #endif
 }
 
-// D = A * B with a zero accumulator (the first k16 step of a group's fp32 partial sum).
-template <typename T> AWQ_DEVICE void mma_16816_first(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-  c[0] = c[1] = c[2] = c[3] = 0.f;
-  mma_16816<T>(c, a, b0, b1);
-}
