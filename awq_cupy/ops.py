@@ -150,21 +150,41 @@ def dequantize_gemm(qweight, qzeros, scales, group_size, *, dtype="float16", out
 # matmul
 # ----------------------------------------------------------------------------------------------------------------
 _WARPS = 4                   # n-tiles per CTA (kernels_cu/gemm_tc.cu)
-_TARGET_CTAS = 2 * 132       # split K until the grid has about this many CTAs ...
-_MIN_STAGES_PER_SPLIT = 4    # ... but give each split at least 4 x 64 k
+_MIN_STAGES_PER_SPLIT = 4    # each split gets at least 4 x 64 k
 
 
 def _mblocks(M: int) -> int:
     return 1 if M <= 16 else 2 if M <= 32 else 4
 
 
-def plan_splits(K_stages: int, n_ctas: int, m_tiles: int, *, sm_count: int = 132) -> tuple[int, int]:
-    """(splits, stages_per_split) for a grid of n_ctas x m_tiles CTAs over K_stages 64-k stages."""
-    target = 2 * sm_count
-    want = max(1, -(-target // (n_ctas * m_tiles)))
-    splits = max(1, min(want, K_stages // _MIN_STAGES_PER_SPLIT))
-    per = -(-K_stages // splits)
-    return -(-K_stages // per), per
+# Split-K cost model (H200, fused GEMM, 2026-11-30): a 64-k stage of a wave of CTAs takes ~1.75 us whatever the
+# m-block count (latency-bound), each split's fp32 partials cost 8 bytes per output at ~3 TB/s, and the reduce
+# kernel ~3 us. Fitted to the measured 98 us of Mistral-7B gate_up at M = 64 (3 splits, 1.3 waves).
+_STAGE_US, _PARTIAL_TBPS, _REDUCE_US = 1.75, 3.0, 3.0
+_SPLIT_POLICY = "waves"      # "target": the earlier rule (about two CTAs per SM), kept for comparison
+
+
+def plan_splits(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: int = 1, Np: int = 64,
+                sm_count: int = 132) -> tuple[int, int]:
+    """(splits, stages_per_split) for a grid of n_ctas x m_tiles CTAs over K_stages 64-k stages, when the GPU
+    holds ``resident`` CTAs at once: the split count with the least modelled time (waves x stages per CTA x
+    stage time, plus the partial sums' traffic and the reduce kernel when split); at least 4 stages per split."""
+    base = n_ctas * m_tiles
+    if _SPLIT_POLICY == "target":
+        want = max(1, -(-2 * sm_count // base))
+        splits = max(1, min(want, K_stages // _MIN_STAGES_PER_SPLIT))
+        per = -(-K_stages // splits)
+        return -(-K_stages // per), per
+    best = None
+    for splits in range(1, max(1, K_stages // _MIN_STAGES_PER_SPLIT) + 1):
+        per = -(-K_stages // splits)
+        real = -(-K_stages // per)              # splits that actually get stages
+        t = -(-base * real // resident) * per * _STAGE_US
+        if real > 1:
+            t += real * M * Np * 8 / (_PARTIAL_TBPS * 1e6) + _REDUCE_US
+        if best is None or t < best[0] - 1e-9:
+            best = (t, real, per)
+    return best[1], best[2]
 
 
 _workspaces: dict = {}
@@ -351,10 +371,14 @@ def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant):
     m_tiles = -(-M // (16 * mb))
     n_ctas = -(-w.NT // _WARPS)
     k_stages = w.KT // 4
-    splits, per = plan_splits(k_stages, n_ctas, 1 if batch_invariant else m_tiles, sm_count=sm_count)
     stages = gemm_stages(arch)
     smem = stages * _stage_bytes(mb)
     gk = kernel("gemm_tc", gemm_variant(kind, mb, stages), w.device)
+    if batch_invariant:   # the split must not depend on M: plan for one m-tile, M = 1 and a fixed residency
+        splits, per = plan_splits(k_stages, n_ctas, 1, resident=2 * sm_count, Np=w.NT * 64, sm_count=sm_count)
+    else:                 # the occupancy calculator's CTAs per SM for this variant
+        splits, per = plan_splits(k_stages, n_ctas, m_tiles, M=M, Np=w.NT * 64, sm_count=sm_count,
+                                  resident=max(1, gk.resident_blocks(32 * _WARPS, smem)) * sm_count)
     ws = _workspace(splits * M * w.NT * 64, w.device) if splits > 1 else _NULL
     gk.launch((n_ctas, splits, m_tiles), (32 * _WARPS,),
               (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, ws, as_i32(M), as_i32(w.N), as_i32(w.K),

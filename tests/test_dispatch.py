@@ -147,3 +147,44 @@ def test_dispatch_rows_are_validated():
         dispatch.Dispatch(gemv_max_m=8, cublas_min_m=8)
     with pytest.raises(ValueError, match="non-negative integer"):
         dispatch.Dispatch(gemv_max_m=-1, cublas_min_m=8)
+
+
+@pytest.mark.parametrize("k_stages,n_ctas,m_tiles", [(64, 112, 1), (64, 16, 1), (224, 16, 4), (1, 1, 1), (3, 2, 64),
+                                                    (224, 16, 1), (64, 24, 1)])
+@pytest.mark.parametrize("resident", [132, 264, 528])
+@pytest.mark.parametrize("M,Np", [(1, 64), (64, 4096), (255, 28672)])
+def test_gemm_splits_partition_k(k_stages, n_ctas, m_tiles, resident, M, Np):
+    splits, per = plan_splits(k_stages, n_ctas, m_tiles, resident=resident, M=M, Np=Np)
+    assert splits >= 1 and per >= 1
+    assert (splits - 1) * per < k_stages <= splits * per, "every split gets work and K is covered"
+    assert splits == 1 or per >= 4, "at least 4 stages per split"
+
+
+def test_gemm_splits_avoid_a_partial_last_wave():
+    # Mistral-7B down at M = 64 (16 CTAs, 224 stages) on 264 resident CTAs: 16 splits fill one wave, where the
+    # earlier rule took 17 (two waves)
+    assert plan_splits(224, 16, 1, resident=264, M=64, Np=4096) == (16, 14)
+    # gate_up at M = 64 (112 CTAs, 64 stages): 2 splits in one wave, not 3 splits in 1.3 waves
+    assert plan_splits(64, 112, 1, resident=264, M=64, Np=28672) == (2, 32)
+    # the partial sums' traffic counts: at M = 128 the same layer is not split at all
+    assert plan_splits(64, 112, 2, resident=264, M=128, Np=28672) == (1, 64)
+
+
+def test_gemm_split_policy_target_is_the_earlier_rule(monkeypatch):
+    from awq_cupy import ops
+
+    monkeypatch.setattr(ops, "_SPLIT_POLICY", "target")
+    assert plan_splits(224, 16, 1, resident=264, M=64, Np=4096) == (16, 14)   # min(17, 56) -> 17 -> 16 real
+    assert plan_splits(64, 112, 1, resident=264, M=64, Np=28672) == (3, 22)
+
+
+def test_dispatch_table_is_consistent():
+    for key, d in dispatch.TABLE.items():
+        assert 1 <= d.gemv_max_m <= 8 * max(kernels.GEMV_TOKEN_BLOCKS), key
+        assert d.cublas_min_m > d.gemv_max_m, key
+    assert dispatch.for_arch("does-not-exist") == dispatch.TABLE["default"]
+    d = dispatch.for_arch("90")
+    assert not rounds_weights(d.gemv_max_m) and rounds_weights(d.gemv_max_m + 1)
+    assert rounds_weights(1, batch_invariant=True)
+    assert uses_cublas(d.cublas_min_m, "float16") and not uses_cublas(d.cublas_min_m - 1, "float16")
+    assert not uses_cublas(10**6, "bfloat16") and not uses_cublas(10**6, "float16", batch_invariant=True)
