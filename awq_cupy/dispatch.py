@@ -36,11 +36,11 @@ class Dispatch:
 
 
 TABLE: dict[str, Dispatch] = {
-    # H200 (sm_90), 2026-11-30, Mistral-7B layers summed (bench/NOTES.md v10): the GEMV beats the fused GEMM up
-    # to M = 16 (99 vs 100 us at M = 16, 57 vs 96 us at M = 1); the fused GEMM beats dequantize + cuBLAS at
-    # M = 128 (323 vs 349 us, v7) and loses at M = 256 (580 vs 350 us).
-    "90": Dispatch(gemv_max_m=16, cublas_min_m=256),
-    "default": Dispatch(gemv_max_m=16, cublas_min_m=256),
+    # H200 (sm_90), 2026-11-30, Mistral-7B layers summed (bench/NOTES.md v10, v11): the GEMV beats the fused
+    # GEMM up to M = 8 (64 vs 97 us); at M = 16 the GEMM with cost-model split-K wins (94 vs 102 us); the fused
+    # GEMM beats dequantize + cuBLAS at M = 128 (265 vs 355 us) and loses at M = 256 (594 vs 356 us).
+    "90": Dispatch(gemv_max_m=8, cublas_min_m=256),
+    "default": Dispatch(gemv_max_m=8, cublas_min_m=256),
 }
 
 
