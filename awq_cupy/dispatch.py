@@ -36,11 +36,12 @@ class Dispatch:
 
 
 TABLE: dict[str, Dispatch] = {
-    # H200 (sm_90), 2026-11-30, Mistral-7B layers summed (bench/NOTES.md v10, v11): the GEMV beats the fused
-    # GEMM up to M = 8 (64 vs 97 us); at M = 16 the GEMM with cost-model split-K wins (94 vs 102 us); the fused
-    # GEMM beats dequantize + cuBLAS at M = 128 (265 vs 355 us) and loses at M = 256 (594 vs 356 us).
-    "90": Dispatch(gemv_max_m=8, cublas_min_m=256),
-    "default": Dispatch(gemv_max_m=8, cublas_min_m=256),
+    # H200 (sm_90), 2026-11-30, `python -m awq_cupy tune` over the Mistral-7B layers (bench/results/
+    # dispatch_h200.json, NOTES v11): the GEMV beats the fused GEMM up to M = 12 (92.6 vs 95.0 us), the GEMM with
+    # cost-model split-K wins from M = 16 (96.0 vs 101.5 us); the GEMM beats dequantize + cuBLAS at M = 128
+    # (265 vs 357 us) and loses at M = 256 (506 vs 357 us).
+    "90": Dispatch(gemv_max_m=12, cublas_min_m=256),
+    "default": Dispatch(gemv_max_m=12, cublas_min_m=256),
 }
 
 

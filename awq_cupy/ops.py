@@ -221,7 +221,7 @@ def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
 
     Runs on the caller's current CuPy stream without synchronising, and is capturable in a CUDA graph (under
     capture pass ``out=`` and keep it alive with the graph). Dispatch by M (table: ``awq_cupy.dispatch``):
-    small M (up to 16 on the H200) runs the swapped-operand tensor-core GEMV (kernels_cu/gemv_tc.cu; exact
+    small M (up to 12 on the H200) runs the swapped-operand tensor-core GEMV (kernels_cu/gemv_tc.cu; exact
     (q - z) in the mma, scales applied to fp32 group sums, partial sums added in a fixed order: bitwise
     reproducible run to run); middle M runs the tensor-core GEMM (kernels_cu/gemm_tc.cu; (q - z) * s rounded
     once in x's dtype, fp32 split-K partials added in a fixed order); large fp16 M runs dequantize + cuBLAS
