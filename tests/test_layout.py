@@ -79,3 +79,33 @@ def test_float_bits_bf16_matches_ml_dtypes(rng):
     x = (rng.standard_normal(10000) * 10.0 ** rng.integers(-8, 8, 10000)).astype(np.float32)
     ours = layout.float_bits(x, "bfloat16")
     np.testing.assert_array_equal(ours, x.astype(ml_dtypes.bfloat16).view(np.uint16))
+
+
+def _halves(u32):
+    """Two fp16 values of a u32 word (low, high)."""
+    return np.array([u32 & 0xFFFF, u32 >> 16], dtype=np.uint16).view(np.float16)
+
+
+def test_gemv_fp16_decode_is_exact(rng):
+    """kernels_cu/common.cuh WeightDecoder<__half>: for every code q and zero z, the in-place conversion of the
+    high nibbles (1024 + 16 q), times 1/16, plus 960 - (1024 + z), is exactly q - z in fp16; the low nibbles'
+    (1024 + q) - (1024 + z) likewise. Checked on random layout words against the fragment definition."""
+    Q = rng.integers(0, 16, size=(64, 16), dtype=np.uint8)
+    words = layout.pack_tiles(Q)[0, 0]                    # block 0, k 0..63: [32 lanes, 4 steps]
+    Z = rng.integers(0, 16, size=16, dtype=np.uint8)
+    zbits = layout.zero_bits(Z, "float16")                # 1024 + z as fp16 bits
+    sixteenth, k960 = np.float16(0.0625), np.float16(960.0)
+    for lane in range(32):
+        r, c = lane % 4, lane // 4
+        zlo, zhi = zbits[c].view(np.float16), zbits[c + 8].view(np.float16)
+        for step in range(4):
+            w = int(words[lane, step])
+            w8 = w >> 8
+            a0 = _halves((w & 0x000F000F) | 0x64006400) - zlo
+            a1 = _halves((w8 & 0x000F000F) | 0x64006400) - zhi
+            a2 = _halves((w & 0x00F000F0) | 0x64006400) * sixteenth + (k960 - zlo)
+            a3 = _halves((w8 & 0x00F000F0) | 0x64006400) * sixteenth + (k960 - zhi)
+            k = 16 * step + 2 * r
+            for got, kk, ch in ((a0, k, c), (a1, k, c + 8), (a2, k + 8, c), (a3, k + 8, c + 8)):
+                want = Q[kk:kk + 2, ch].astype(np.int32) - int(Z[ch])
+                np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
