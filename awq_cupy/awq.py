@@ -570,12 +570,18 @@ def fold_scales_into_norm(norm_weight, norm_bias, scales):
     K = int(norm_weight.shape[0])
     s = _check_scales(scales, K, xp)
     w = (norm_weight.astype(np.float32) / s).astype(_fold_dtype(norm_weight))
-    if norm_bias is None:
-        return w, None
-    if not _is_array(norm_bias) or tuple(norm_bias.shape) != (K,):
-        raise ValueError(f"norm_bias must be None or an array of shape ({K},)")
-    _check_float(norm_bias, "norm_bias")
-    return w, (norm_bias.astype(np.float32) / s).astype(_fold_dtype(norm_bias))
+    return w, _fold_bias(norm_bias, s, "norm_bias")
+
+
+def _fold_bias(bias, s, name):
+    """``bias / s`` in the bias's dtype (computed in float32), or None; ``bias`` must match ``s``'s length."""
+    if bias is None:
+        return None
+    n = int(s.shape[0])
+    if not _is_array(bias) or tuple(bias.shape) != (n,):
+        raise ValueError(f"{name} must be None or an array of shape ({n},)")
+    _check_float(bias, name)
+    return (bias.astype(np.float32) / s).astype(_fold_dtype(bias))
 
 
 def fold_scales_into_linear(prev_weight, prev_bias, scales):
@@ -592,12 +598,7 @@ def fold_scales_into_linear(prev_weight, prev_bias, scales):
     N = int(prev_weight.shape[0])
     s = _check_scales(scales, N, xp)
     w = (prev_weight.astype(np.float32) / s[:, None]).astype(_fold_dtype(prev_weight))
-    if prev_bias is None:
-        return w, None
-    if not _is_array(prev_bias) or tuple(prev_bias.shape) != (N,):
-        raise ValueError(f"prev_bias must be None or an array of shape ({N},)")
-    _check_float(prev_bias, "prev_bias")
-    return w, (prev_bias.astype(np.float32) / s).astype(_fold_dtype(prev_bias))
+    return w, _fold_bias(prev_bias, s, "prev_bias")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -125,12 +125,26 @@ def _ideal_bytes(K, N, M, G, fp16_weights: bool) -> float:
     return w + M * K * 2 + M * N * 2
 
 
+def rotated_weights(rng, K, N, group_size=128, dtype="float16", rotate_mb=512):
+    """A random K x N layer as ``QuantizedWeight``, repeated in as many independent copies as ``rotate_mb`` MB
+    take (at least two): calls cycling through them read their weights from HBM, not from L2."""
+    import awq_cupy
+    from awq_cupy import formats
+
+    G = formats.resolve_group_size(group_size, K)
+    t = formats.pack(rng.integers(0, 16, (K, N), dtype=np.uint8), rng.integers(0, 16, (K // G, N), dtype=np.uint8),
+                     rng.uniform(0.001, 0.01, (K // G, N)).astype(np.float16), "gemm", G)
+    w0 = awq_cupy.QuantizedWeight.from_gemm(t["qweight"], t["qzeros"], t["scales"], G, dtype=dtype)
+    nq = max(2, -(-rotate_mb * 2**20 // w0.nbytes))
+    return [w0] + [awq_cupy.QuantizedWeight(qtiles=w0.qtiles.copy(), scales=w0.scales.copy(), zeros=w0.zeros.copy(),
+                                            K=K, N=N, group_size=G, dtype=dtype) for _ in range(nq - 1)]
+
+
 def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, contenders=CONTENDERS,
         progress=True):
     import cupy
 
     import awq_cupy
-    from awq_cupy import formats
 
     from . import ops
     from .jit import arch_of_device
@@ -146,17 +160,8 @@ def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, co
     done = 0
     npdt = numpy_dtype(dtype)
     for model, name, K, N in shapes:
-        G = formats.resolve_group_size(group_size, K)
-        Q = rng.integers(0, 16, (K, N), dtype=np.uint8)
-        Z = rng.integers(0, 16, (K // G, N), dtype=np.uint8)
-        S = rng.uniform(0.001, 0.01, (K // G, N)).astype(np.float16)
-        t = formats.pack(Q, Z, S, "gemm", G)
-        w0 = awq_cupy.QuantizedWeight.from_gemm(t["qweight"], t["qzeros"], t["scales"], G, dtype=dtype)
-        del Q, Z, S, t
-        nq = max(2, -(-rotate_mb * 2**20 // w0.nbytes))
-        wq = [w0] + [awq_cupy.QuantizedWeight(qtiles=w0.qtiles.copy(), scales=w0.scales.copy(),
-                                              zeros=w0.zeros.copy(), K=K, N=N, group_size=G, dtype=dtype)
-                     for _ in range(nq - 1)]
+        wq = rotated_weights(rng, K, N, group_size, dtype, rotate_mb)
+        w0, nq, G = wq[0], len(wq), wq[0].group_size
         dense = awq_cupy.dequantize(w0)
         nd = max(2, -(-rotate_mb * 2**20 // dense.nbytes))
         wd = [dense] + [dense.copy() for _ in range(nd - 1)] if "cublas_fp16" in contenders else [dense]

@@ -57,7 +57,7 @@ def table_path() -> Path | None:
     return cache_dir() / "dispatch.json"
 
 
-_loaded: dict = {}
+_loaded: dict = {}     # AWQ_CUPY_DISPATCH value -> the tuned rows in force (read once per process)
 
 
 def load_table(path: Path) -> dict[str, Dispatch]:
@@ -70,17 +70,23 @@ def load_table(path: Path) -> dict[str, Dispatch]:
         raise ValueError(f"dispatch table {path} is not a valid `python -m awq_cupy tune` file: {e}") from None
 
 
+def reload() -> None:
+    """Forget the tuned table read so far: the next ``for_arch`` reads the file again (``write_table`` does this;
+    call it after editing the file by other means in a running process)."""
+    _loaded.clear()
+
+
 def for_arch(arch_key: str) -> Dispatch:
-    path = table_path()
-    if path is not None and path.is_file():
-        key = (str(path), path.stat().st_mtime_ns)
-        if key not in _loaded:
-            _loaded.clear()
-            _loaded[key] = load_table(path)
-        tuned = _loaded[key]
-        if arch_key in tuned:
-            return tuned[arch_key]
-    return TABLE.get(arch_key, TABLE["default"])
+    """The row for ``arch_key``: the tuned table's (read at the first call, not on every ``matmul``), else the
+    built-in one."""
+    key = os.environ.get("AWQ_CUPY_DISPATCH", "")
+    tuned = _loaded.get(key)
+    if tuned is None:
+        path = table_path()
+        tuned = load_table(path) if path is not None and path.is_file() else {}
+        _loaded[key] = tuned
+    row = tuned.get(arch_key)
+    return row if row is not None else TABLE.get(arch_key, TABLE["default"])
 
 
 def write_table(path: Path, rows: dict[str, Dispatch], measured: dict) -> None:
@@ -100,4 +106,4 @@ def write_table(path: Path, rows: dict[str, Dispatch], measured: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"table": table, "measured": meas}, indent=1))
     tmp.replace(path)
-    _loaded.clear()
+    reload()

@@ -59,7 +59,6 @@ GEMM_TC = KernelFamily("gemm_tc", "gemm_tc.cu", _gemm_variants, hot=True)
 # blocks, or there is one group), one unit loaded ahead in registers. One CTA per SM of up to 16 warps (12 when
 # TW * NB >= 4: registers).
 GEMV_TOKEN_BLOCKS = (1, 2)
-GEMV_TILES = (1, 2, 4)
 GEMV_SHAPES = ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2))   # (token blocks, tiles) pairs instantiated
 
 

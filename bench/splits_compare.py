@@ -7,9 +7,8 @@ import sys
 import cupy as cp
 import numpy as np
 
-import awq_cupy
-from awq_cupy import formats, ops
-from awq_cupy.bench import MODELS, Timer
+from awq_cupy import ops
+from awq_cupy.bench import MODELS, Timer, rotated_weights
 from awq_cupy.jit import arch_of_device
 
 ms = [int(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else [16, 32, 64, 128]
@@ -20,12 +19,8 @@ rng = np.random.default_rng(0)
 sums = {}
 for name, K, N in MODELS["mistral-7b"]:
     G = 128
-    t = formats.pack(rng.integers(0, 16, (K, N), dtype=np.uint8), rng.integers(0, 16, (K // G, N), dtype=np.uint8),
-                     rng.uniform(0.001, 0.01, (K // G, N)).astype(np.float16), "gemm", G)
-    w0 = awq_cupy.QuantizedWeight.from_gemm(t["qweight"], t["qzeros"], t["scales"], G)
-    nq = max(2, -(-512 * 2**20 // w0.nbytes))
-    wq = [w0] + [awq_cupy.QuantizedWeight(qtiles=w0.qtiles.copy(), scales=w0.scales.copy(), zeros=w0.zeros.copy(),
-                                          K=K, N=N, group_size=G, dtype="float16") for _ in range(nq - 1)]
+    wq = rotated_weights(rng, K, N, G)
+    nq = len(wq)
     for M in ms:
         x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
         y = cp.empty((M, N), cp.float16)

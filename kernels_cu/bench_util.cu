@@ -26,6 +26,37 @@ __global__ void awq_touch_kernel(const uint4* __restrict__ buf, long long n16, u
   if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x9e3779b9u) sink[0] = 1;  // practically never: keeps the loads alive
 }
 
+// cp.async.wait_group with a run-time count (the instruction takes an immediate): a uniform switch (the probe's
+// depth is a measurement parameter).
+AWQ_DEVICE void cp_async_wait_dyn(int n) {
+  switch (n) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 4: cp_async_wait<4>(); break;
+    case 5: cp_async_wait<5>(); break;
+    case 6: cp_async_wait<6>(); break;
+    case 7: cp_async_wait<7>(); break;
+    case 8: cp_async_wait<8>(); break;
+    case 9: cp_async_wait<9>(); break;
+    case 10: cp_async_wait<10>(); break;
+    case 11: cp_async_wait<11>(); break;
+    case 12: cp_async_wait<12>(); break;
+    case 13: cp_async_wait<13>(); break;
+    default: cp_async_wait<14>(); break;
+  }
+}
+
+// One 16-byte shared-memory load (the address must be 16-byte aligned; spelled out because the compiler cannot
+// see the alignment of a computed ring-slot address and would split it into four 4-byte loads).
+AWQ_DEVICE uint4 lds128(const void* p) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(smem_addr(p)));
+  return v;
+}
+
 // Memory-pipeline probe (bench/stream_probe.py): the GEMV's streaming structure without its math. Each warp of
 // a grid of one CTA per SM streams `units` units of `tw` 512-byte pieces through a `depth`-slot cp.async ring
 // in shared memory and XORs what it reads. A warp owns tw * units * 512 contiguous bytes; `strided` = 0 reads

@@ -196,37 +196,6 @@ template <int N> AWQ_DEVICE void cp_async_wait() {
 #endif
 }
 
-// cp.async.wait_group with a run-time count (the instruction takes an immediate): a uniform switch (used by the
-// memory-pipeline probe in bench_util.cu, where the depth is a measurement parameter).
-AWQ_DEVICE void cp_async_wait_dyn(int n) {
-  switch (n) {
-    case 0: cp_async_wait<0>(); break;
-    case 1: cp_async_wait<1>(); break;
-    case 2: cp_async_wait<2>(); break;
-    case 3: cp_async_wait<3>(); break;
-    case 4: cp_async_wait<4>(); break;
-    case 5: cp_async_wait<5>(); break;
-    case 6: cp_async_wait<6>(); break;
-    case 7: cp_async_wait<7>(); break;
-    case 8: cp_async_wait<8>(); break;
-    case 9: cp_async_wait<9>(); break;
-    case 10: cp_async_wait<10>(); break;
-    case 11: cp_async_wait<11>(); break;
-    case 12: cp_async_wait<12>(); break;
-    case 13: cp_async_wait<13>(); break;
-    default: cp_async_wait<14>(); break;
-  }
-}
-
-// One 16-byte shared-memory load (the address must be 16-byte aligned; spelled out because the compiler cannot
-// see the alignment of a computed ring-slot address and would split it into four 4-byte loads).
-AWQ_DEVICE uint4 lds128(const void* p) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(smem_addr(p)));
-  return v;
-}
-
 // Four 8x8 b16 matrices from shared memory (PTX "ldmatrix"); lane l gives the row address of matrix l / 8.
 AWQ_DEVICE void ldmatrix_x4(u32 (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

@@ -116,7 +116,8 @@ def test_bench_rejects_bad_arguments(tmp_path, args, message):
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
-def test_bench_arguments_parse():
+def _parsed(monkeypatch, handler, argv):
+    """The arguments ``python -m awq_cupy argv`` hands to ``cli.<handler>`` (which is not run)."""
     from awq_cupy import cli
 
     captured = {}
@@ -125,13 +126,14 @@ def test_bench_arguments_parse():
         captured.update(vars(args))
         return 0
 
-    real = cli._cmd_bench
-    cli._cmd_bench = fake
-    try:
-        assert cli.main(["bench", "--m", "1,16", "--shapes", "4096x6144,14336x4096", "--bf16", "--quick",
-                         "--group-size", "64", "--json", "r.json"]) == 0
-    finally:
-        cli._cmd_bench = real
+    monkeypatch.setattr(cli, handler, fake)
+    assert cli.main(argv) == 0
+    return captured
+
+
+def test_bench_arguments_parse(monkeypatch):
+    captured = _parsed(monkeypatch, "_cmd_bench", ["bench", "--m", "1,16", "--shapes", "4096x6144,14336x4096",
+                                                   "--bf16", "--quick", "--group-size", "64", "--json", "r.json"])
     assert captured["m"] == [1, 16] and captured["shapes"] == [(4096, 6144), (14336, 4096)]
     assert captured["dtype"] == "bfloat16" and captured["quick"] and captured["group_size"] == 64
     assert captured["json"] == "r.json"
@@ -155,19 +157,6 @@ def test_tune_rejects_bad_arguments(tmp_path, args, message):
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
-def test_tune_arguments_parse():
-    from awq_cupy import cli
-
-    captured = {}
-
-    def fake(args):
-        captured.update(vars(args))
-        return 0
-
-    real = cli._cmd_tune
-    cli._cmd_tune = fake
-    try:
-        assert cli.main(["tune", "--m", "1,8,256", "--models", "llama-2-70b", "--out", "t.json"]) == 0
-    finally:
-        cli._cmd_tune = real
+def test_tune_arguments_parse(monkeypatch):
+    captured = _parsed(monkeypatch, "_cmd_tune", ["tune", "--m", "1,8,256", "--models", "llama-2-70b", "--out", "t.json"])
     assert captured["m"] == [1, 8, 256] and captured["models"] == ["llama-2-70b"] and captured["out"] == "t.json"

@@ -124,6 +124,7 @@ def test_tune_choice_from_measurements():
 def test_tuned_table_round_trip_and_precedence(tmp_path, monkeypatch):
     path = tmp_path / "dispatch.json"
     monkeypatch.setenv("AWQ_CUPY_DISPATCH", str(path))
+    dispatch.reload()
     assert dispatch.for_arch("90") == dispatch.TABLE["90"]          # no file yet: built-in
     dispatch.write_table(path, {"90": dispatch.Dispatch(gemv_max_m=4, cublas_min_m=128)}, {"90": {"x": 1}})
     assert dispatch.for_arch("90") == dispatch.Dispatch(4, 128)
@@ -135,6 +136,7 @@ def test_tuned_table_round_trip_and_precedence(tmp_path, monkeypatch):
     assert dispatch.for_arch("90") == dispatch.TABLE["90"]
     monkeypatch.setenv("AWQ_CUPY_DISPATCH", str(path))
     path.write_text('{"table": {"90": {"gemv_max_m": 64, "cublas_min_m": 128}}}')
+    dispatch.reload()                                               # edited behind write_table's back
     with pytest.raises(ValueError, match="gemv_max_m=64"):
         dispatch.for_arch("90")
     path.write_text("not json")
