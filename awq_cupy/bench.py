@@ -32,9 +32,9 @@ DEFAULT_M = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 QUICK_M = [1, 16, 64, 256, 1024]
 CONTENDERS = ("awq_cupy", "cublas_fp16", "dequant_cublas")
 # awq_cupy's individual paths, whatever the dispatch table would pick (for `tune` and kernel work): the GEMV with
-# its default plan, or 1, 2 or 4 16-column blocks per warp unit (M <= 16; 4 only for M <= 8), and the fused
-# tensor-core GEMM.
-PATHS = ("gemv", "gemv1", "gemv2", "gemv4", "gemm")
+# its default plan, or 1, 2 or 4 16-column blocks per warp unit (M <= 16; 4 only for M <= 8), the fused
+# tensor-core GEMM (wgmma on sm_90) and its mma.sync version (gemm_sw).
+PATHS = ("gemv", "gemv1", "gemv2", "gemv4", "gemm", "gemm_sw")
 
 
 @dataclass
@@ -184,6 +184,8 @@ def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, co
                 "gemv2": lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, dtype, sms, tiles=2),
                 "gemv4": lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, dtype, sms, tiles=4),
                 "gemm": lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, dtype, arch, sms, False),
+                "gemm_sw": lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, dtype, arch, sms, False,
+                                                      wgmma=False),
                 "cublas_fp16": lambda i: cupy.matmul(x, wd[i % len(wd)], out=y),
                 "dequant_cublas": lambda i: cupy.matmul(x, awq_cupy.dequantize(wq[i % nq], out=scratch), out=y),
             }

@@ -29,27 +29,33 @@ DEQUANT = KernelFamily("dequant", "dequant.cu", _dequant_variants, hot=True)
 
 REPACK = KernelFamily("repack", "repack.cu", lambda arch: ("awq_repack_gemm_to_tiles_kernel",), hot=False)
 
-# Tensor-core GEMM: m-blocks of 16 rows per CTA x pipeline depth. The stage count per arch keeps the largest
-# variant inside the arch's opt-in shared memory (sm_75: 64 KB and no cp.async, so double buffering).
-GEMM_MBLOCKS = (1, 2, 4)
-
-
-def gemm_stages(arch: Arch) -> int:
-    return 4 if arch.cc >= 80 else 2
-
-
-def gemm_variant(dtype: str, mblocks: int, stages: int) -> str:
-    return f"awq_gemm_tc_kernel<{CTYPE[dtype]}, {mblocks}, {stages}>"
-
 
 def reduce_variant(dtype: str) -> str:
     return f"awq_splitk_reduce_kernel<{CTYPE[dtype]}>"
 
 
+# mma.sync GEMM (kernels_cu/gemm_tc.cu awq_gemm_sw_kernel, v12; every arch but sm_90, which runs gemm_wg):
+# (token blocks of 8, 16-column blocks per warp, units in registers) instantiated; 8 warps per CTA, 8 NB tokens per
+# CTA; GA as for the GEMV. One shape per token tile (the H200 sweep, bench/gemm_sweep.py and NOTES.md v12).
+GEMM_SHAPES = ((2, 2, 5), (4, 2, 4), (8, 2, 3), (16, 1, 3))
+GEMM_DEFAULT = {8 * s[0]: s for s in GEMM_SHAPES}
+GEMM_WARPS = 8
+
+
+def gemm_sw_variant(dtype: str, token_blocks: int, tiles: int, depth: int, aligned: bool) -> str:
+    return (f"awq_gemm_sw_kernel<{CTYPE[dtype]}, {token_blocks}, {tiles}, {depth}, "
+            f"{'true' if aligned else 'false'}>")
+
+
+def gemm_sw_smem_bytes(token_blocks: int) -> int:
+    """Dynamic shared memory of awq_gemm_sw_kernel: two x slots of 8 NB rows x 64 k of 2 bytes."""
+    return 2 * 8 * token_blocks * 64 * 2
+
+
 def _gemm_variants(arch: Arch) -> tuple[str, ...]:
-    st = gemm_stages(arch)
-    return tuple(gemm_variant(d, mb, st) for d in gemm_dtypes(arch) for mb in GEMM_MBLOCKS) + tuple(
-        reduce_variant(d) for d in gemm_dtypes(arch))
+    return tuple(reduce_variant(d) for d in gemm_dtypes(arch)) + tuple(
+        gemm_sw_variant(d, nb, tw, p, ga) for d in gemm_dtypes(arch) for nb, tw, p in GEMM_SHAPES
+        for ga in (True, False))
 
 
 GEMM_TC = KernelFamily("gemm_tc", "gemm_tc.cu", _gemm_variants, hot=True)
@@ -83,12 +89,34 @@ GEMV_TC = KernelFamily("gemv_tc", "gemv_tc.cu",
                                           for nb, tw in GEMV_SHAPES for ga in (True, False)),
                        hot=True)
 
+# Hopper warpgroup-MMA GEMM (kernels_cu/gemm_wg.cu, sm_90a only): (token blocks of 8 = wgmma N / 8, 16-column
+# blocks per warp, units in registers); 8 warps per CTA; GA as for the GEMV.
+GEMM_WG_SHAPES = ((2, 2, 5), (4, 2, 4), (4, 4, 3), (8, 2, 3), (16, 2, 2), (16, 1, 3), (32, 1, 2))
+GEMM_WG_DEFAULT = {16: (2, 2, 5), 32: (4, 2, 4), 64: (8, 2, 3), 128: (16, 2, 2), 256: (32, 1, 2)}
+
+
+def gemm_wg_variant(dtype: str, token_blocks: int, tiles: int, depth: int, aligned: bool) -> str:
+    return (f"awq_gemm_wg_kernel<{CTYPE[dtype]}, {token_blocks}, {tiles}, {depth}, "
+            f"{'true' if aligned else 'false'}>")
+
+
+def gemm_wg_smem_bytes(token_blocks: int) -> int:
+    """Dynamic shared memory of awq_gemm_wg_kernel: three x slots of 8 NB rows x 128 B, plus 1 KB to align them."""
+    return 3 * 8 * token_blocks * 128 + 1024
+
+
+GEMM_WG = KernelFamily("gemm_wg", "gemm_wg.cu",
+                       lambda arch: tuple(gemm_wg_variant(d, nb, tw, p, ga) for d in gemm_dtypes(arch)
+                                          for nb, tw, p in GEMM_WG_SHAPES for ga in (True, False)),
+                       hot=True, min_cc=90, arch_specific=True)
+
 BENCH_UTIL = KernelFamily("bench_util", "bench_util.cu", lambda arch: ("awq_spin_kernel", "awq_touch_kernel", "awq_stream_probe_kernel",
                                                               "awq_ldg_probe_kernel<4>", "awq_ldg_probe_kernel<8>",
-                                                              "awq_ldg_probe_kernel<16>"),
+                                                              "awq_ldg_probe_kernel<16>", "awq_mma_probe_kernel<4>",
+                                                              "awq_mma_probe_kernel<8>", "awq_mma_probe_kernel<16>"),
                          hot=False)
 
-FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (DEQUANT, REPACK, GEMM_TC, GEMV_TC, BENCH_UTIL)}
+FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (DEQUANT, REPACK, GEMM_TC, GEMM_WG, GEMV_TC, BENCH_UTIL)}
 
 
 def dequant_variant(out_dtype: str, scale_dtype: str) -> str:

@@ -149,37 +149,27 @@ def dequantize_gemm(qweight, qzeros, scales, group_size, *, dtype="float16", out
 # ----------------------------------------------------------------------------------------------------------------
 # matmul
 # ----------------------------------------------------------------------------------------------------------------
-_WARPS = 4                   # n-tiles per CTA (kernels_cu/gemm_tc.cu)
-_MIN_STAGES_PER_SPLIT = 4    # each split gets at least 4 x 64 k
+_MIN_STAGES_PER_SPLIT = 4    # each split gets at least 4 x 64 k (default of plan_splits)
 
 
-def _mblocks(M: int) -> int:
-    return 1 if M <= 16 else 2 if M <= 32 else 4
-
-
-# Split-K cost model (H200, fused GEMM, 2026-11-30): a 64-k stage of a wave of CTAs takes ~1.75 us whatever the
-# m-block count (latency-bound), each split's fp32 partials cost 8 bytes per output at ~3 TB/s, and the reduce
-# kernel ~3 us. Fitted to the measured 98 us of Mistral-7B gate_up at M = 64 (3 splits, 1.3 waves).
+# Split-K cost model (H200, 2026-11-30): waves x units per CTA x the kernel's unit time (``stage_us``), plus each
+# split's fp32 partials (8 bytes per output at ~3 TB/s) and ~3 us for the reduce kernel. The unit time of the v1
+# GEMM was ~1.75 us whatever the m-block count (latency-bound); the v12 kernels pass their own (_unit_us).
 _STAGE_US, _PARTIAL_TBPS, _REDUCE_US = 1.75, 3.0, 3.0
-_SPLIT_POLICY = "waves"      # "target": the earlier rule (about two CTAs per SM), kept for comparison
 
 
 def plan_splits(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: int = 1, Np: int = 64,
-                sm_count: int = 132) -> tuple[int, int]:
+                stage_us: float = _STAGE_US, min_per: int = _MIN_STAGES_PER_SPLIT) -> tuple[int, int]:
     """(splits, stages_per_split) for a grid of n_ctas x m_tiles CTAs over K_stages 64-k stages, when the GPU
     holds ``resident`` CTAs at once: the split count with the least modelled time (waves x stages per CTA x
-    stage time, plus the partial sums' traffic and the reduce kernel when split); at least 4 stages per split."""
+    stage time, plus the partial sums' traffic and the reduce kernel when split); at least ``min_per`` stages
+    per split."""
     base = n_ctas * m_tiles
-    if _SPLIT_POLICY == "target":
-        want = max(1, -(-2 * sm_count // base))
-        splits = max(1, min(want, K_stages // _MIN_STAGES_PER_SPLIT))
-        per = -(-K_stages // splits)
-        return -(-K_stages // per), per
     best = None
-    for splits in range(1, max(1, K_stages // _MIN_STAGES_PER_SPLIT) + 1):
+    for splits in range(1, max(1, K_stages // min_per) + 1):
         per = -(-K_stages // splits)
         real = -(-K_stages // per)              # splits that actually get stages
-        t = -(-base * real // resident) * per * _STAGE_US
+        t = -(-base * real // resident) * per * stage_us
         if real > 1:
             t += real * M * Np * 8 / (_PARTIAL_TBPS * 1e6) + _REDUCE_US
         if best is None or t < best[0] - 1e-9:
@@ -223,8 +213,9 @@ def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
     capture pass ``out=`` and keep it alive with the graph). Dispatch by M (table: ``awq_cupy.dispatch``):
     small M (up to 12 on the H200) runs the swapped-operand tensor-core GEMV (kernels_cu/gemv_tc.cu; exact
     (q - z) in the mma, scales applied to fp32 group sums, partial sums added in a fixed order: bitwise
-    reproducible run to run); middle M runs the tensor-core GEMM (kernels_cu/gemm_tc.cu; (q - z) * s rounded
-    once in x's dtype, fp32 split-K partials added in a fixed order); large fp16 M runs dequantize + cuBLAS
+    reproducible run to run); middle M runs the tensor-core GEMM (kernels_cu/gemm_wg.cu with Hopper wgmma on
+    compute capability 9.0, kernels_cu/gemm_tc.cu with mma.sync elsewhere; (q - z) * s rounded once in x's
+    dtype, fp32 split-K partials added in a fixed order); large fp16 M runs dequantize + cuBLAS
     (a temporary dense [K, N] weight), except while the stream is capturing a CUDA graph, where the fused
     GEMM runs instead because CuPy cannot capture cuBLAS.
 
@@ -364,35 +355,118 @@ def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count, tiles=None, warps=None)
              smem=p["smem"])
 
 
-def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant):
-    from .kernels import gemm_stages, gemm_variant, kernel, reduce_variant
+# ----------------------------------------------------------------------------------------------------------------
+# The register-fed swapped GEMM (kernels_cu/gemm_tc.cu awq_gemm_sw_kernel, v12)
+# ----------------------------------------------------------------------------------------------------------------
+def _unit_us(token_blocks: int, tiles: int, wgmma: bool) -> float:
+    """Modelled time of one 64-k unit of one GEMM CTA on the H200: the larger of its weight stream (8 warps x tiles
+    x 512 B at ~27 GB/s per SM) and its tensor work (2 x 128 tiles channels x 8 token blocks tokens x 64 k at the
+    measured ~2.5 TFLOP/s per SM of the mma.sync kernel, ~5.3 with wgmma), plus a fixed ~0.1 us (barrier, first
+    latency)."""
+    mem = 8 * tiles * 512 / 27e3
+    flops = 2 * 128 * tiles * 8 * token_blocks * 64
+    return max(mem, flops / (5.3e6 if wgmma else 2.5e6)) + 0.1
 
-    mb = _mblocks(M)
-    m_tiles = -(-M // (16 * mb))
-    n_ctas = -(-w.NT // _WARPS)
-    k_stages = w.KT // 4
-    stages = gemm_stages(arch)
-    smem = stages * _stage_bytes(mb)
-    gk = kernel("gemm_tc", gemm_variant(kind, mb, stages), w.device)
-    if batch_invariant:   # the split must not depend on M: plan for one m-tile, M = 1 and a fixed residency
-        splits, per = plan_splits(k_stages, n_ctas, 1, resident=2 * sm_count, Np=w.NT * 64, sm_count=sm_count)
-    else:                 # the occupancy calculator's CTAs per SM for this variant
-        splits, per = plan_splits(k_stages, n_ctas, m_tiles, M=M, Np=w.NT * 64, sm_count=sm_count,
-                                  resident=max(1, gk.resident_blocks(32 * _WARPS, smem)) * sm_count)
-    ws = _workspace(splits * M * w.NT * 64, w.device) if splits > 1 else _NULL
-    gk.launch((n_ctas, splits, m_tiles), (32 * _WARPS,),
+
+def uses_wgmma(arch) -> bool:
+    """Whether the GEMM runs the warpgroup-MMA kernel (kernels_cu/gemm_wg.cu) on ``arch``: on compute capability 9.0
+    (built for sm_90a) unless AWQ_CUPY_WGMMA=0."""
+    import os
+
+    return arch.cc == 90 and os.environ.get("AWQ_CUPY_WGMMA", "1") != "0"
+
+
+def _gemm_table(wgmma: bool):
+    from .kernels import GEMM_DEFAULT, GEMM_SHAPES, GEMM_WG_DEFAULT, GEMM_WG_SHAPES
+
+    return (GEMM_WG_SHAPES, GEMM_WG_DEFAULT) if wgmma else (GEMM_SHAPES, GEMM_DEFAULT)
+
+
+def gemm_token_tile(M: int, wgmma: bool = False) -> int:
+    """Rows per CTA of the GEMM for M rows: the smallest token tile that holds M (the largest when none does; M
+    then takes several token tiles)."""
+    tiles = sorted(_gemm_table(wgmma)[1])
+    return next((t for t in tiles if t >= M), tiles[-1])
+
+
+def gemm_shape_for(M: int, tiles: int | None = None, *, wgmma: bool = False) -> tuple[int, int, int]:
+    """(token blocks of 8, 16-column blocks per warp, units in registers) of the GEMM for M rows: the default shape
+    of M's token tile, or the instantiated one with ``tiles`` column blocks per warp."""
+    shapes, default = _gemm_table(wgmma)
+    tile = gemm_token_tile(M, wgmma)
+    for s in (default[tile],) + shapes:
+        if 8 * s[0] == tile and tiles in (None, s[1]):
+            return s
+    raise ValueError(f"tiles={tiles} is not a GEMM variant for M={M} (token tile {tile}); instantiated "
+                     f"(token blocks, tiles, depth): {shapes}")
+
+
+def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, sm_count: int = 132,
+              resident: int | None = None, tiles: int | None = None, splits: int | None = None,
+              batch_invariant: bool = False) -> dict:
+    """Launch plan of the GEMM (wgmma: the sm_90a kernel, else the mma.sync one): dict(token_blocks, tiles, depth,
+    aligned, grid, splits, per, smem, NT16). ``resident`` = CTAs the GPU holds at once (default one per SM).
+    Split-K from ``plan_splits`` with the unit-time model unless ``splits`` is given. ``batch_invariant``: the
+    split count is planned for one 16-row token tile whatever M is, so a row's result does not depend on M."""
+    from .kernels import GEMM_WARPS, gemm_sw_smem_bytes, gemm_wg_smem_bytes
+    from .layout import padded_sizes
+
+    if M < 1:
+        raise ValueError(f"M={M}: the GEMM needs at least one row")
+    nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wgmma)
+    Kp, Np = padded_sizes(K, N)
+    NT16, KS = Np // 16, Kp // 64
+    n_ctas = -(-NT16 // (GEMM_WARPS * tw))
+    m_tiles = -(-M // (8 * nb))
+    res = sm_count if resident is None else resident
+    if splits is not None:
+        if not 1 <= splits <= KS:
+            raise ValueError(f"splits={splits} must be 1 to {KS} (the 64-k units of K={K})")
+        per = -(-KS // splits)
+        splits = -(-KS // per)
+    elif batch_invariant:   # planned as for the smallest token tile, whatever M and this M's shape are
+        nb1, tw1, _ = gemm_shape_for(1, wgmma=wgmma)
+        splits, per = plan_splits(KS, -(-NT16 // (GEMM_WARPS * tw1)), 1, resident=res, M=8 * nb1, Np=Np,
+                                  stage_us=_unit_us(nb1, tw1, wgmma), min_per=2)
+    else:
+        splits, per = plan_splits(KS, n_ctas, m_tiles, resident=res, M=M, Np=Np, stage_us=_unit_us(nb, tw, wgmma),
+                                  min_per=2)
+    NG = max(1, K // group_size)
+    smem = gemm_wg_smem_bytes(nb) if wgmma else gemm_sw_smem_bytes(nb)
+    return dict(token_blocks=nb, tiles=tw, depth=depth, aligned=group_size % 64 == 0 or NG == 1,
+                grid=(n_ctas, splits, m_tiles), splits=splits, per=per, smem=smem, NT16=NT16)
+
+
+def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, tiles=None, splits=None,
+                 wgmma=None):
+    from .kernels import (GEMM_WARPS, gemm_sw_smem_bytes, gemm_sw_variant, gemm_wg_smem_bytes, gemm_wg_variant,
+                          kernel, reduce_variant)
+
+    wg = uses_wgmma(arch) if wgmma is None else wgmma
+    nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wg)
+    NG = max(1, w.K // w.group_size)
+    aligned = w.group_size % 64 == 0 or NG == 1
+    if wg:
+        gk = kernel("gemm_wg", gemm_wg_variant(kind, nb, tw, depth, aligned), w.device)
+        smem = gemm_wg_smem_bytes(nb)
+    else:
+        gk = kernel("gemm_tc", gemm_sw_variant(kind, nb, tw, depth, aligned), w.device)
+        smem = gemm_sw_smem_bytes(nb)
+    # batch-invariant plans must not depend on this M's variant: one CTA per SM
+    resident = sm_count if batch_invariant else gk.resident_blocks(32 * GEMM_WARPS, smem) * sm_count
+    p = plan_gemm(M, w.K, w.N, w.group_size, wgmma=wg, sm_count=sm_count, resident=resident, tiles=tw,
+                  splits=splits, batch_invariant=batch_invariant)
+    Np = w.NT * 64
+    ws = _workspace(p["splits"] * M * Np, w.device) if p["splits"] > 1 else _NULL
+    gk.launch(p["grid"], (32 * GEMM_WARPS,),
               (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, ws, as_i32(M), as_i32(w.N), as_i32(w.K),
-               as_i32(w.NT), as_i32(w.KT), as_i32(w.group_size), as_i32(w.NG), as_i32(per)), smem=smem)
-    if splits > 1:
+               as_i32(p["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(NG), as_i32(Np), as_i32(p["per"])),
+              smem=p["smem"])
+    if p["splits"] > 1:
         rk = kernel("gemm_tc", reduce_variant(kind), w.device)
         pairs = M * w.N // 2
         rk.launch((min(-(-pairs // 256), 4096),), (256,),
-                  (ws, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(w.NT * 64), as_i32(splits)))
-
-
-def _stage_bytes(mb: int) -> int:
-    # kernels_cu/gemm_tc.cu StageLayout: A tile + 4 warps x 4 k16 x 512 B + 2 x 2 groups x 256 columns x 2 B
-    return 16 * mb * 64 * 2 + _WARPS * 4 * 512 + 2 * 2 * 64 * _WARPS * 2
+                  (ws, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(Np), as_i32(p["splits"])))
 
 
 _sm_counts: dict = {}

@@ -113,3 +113,24 @@ __global__ void __launch_bounds__(1024, 1) awq_ldg_probe_kernel(const uint4* __r
   }
   if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x9e3779b9u) sink[0] = 1;
 }
+
+// Tensor-pipe probe: each warp issues `iters` x NACC independent fp16 mma.m16n8k16 with fp32 accumulation on
+// register operands (no memory traffic), to measure the mma.sync rate the GEMM kernels can reach per SM.
+template <int NACC>
+__global__ void __launch_bounds__(1024, 1) awq_mma_probe_kernel(float* __restrict__ sink, int iters) {
+  const u32 v = 0x3c003c00u ^ (threadIdx.x & 7);   // ~1.0 in fp16, varied per lane
+  u32 a[4] = {v, v ^ 1u, v ^ 2u, v ^ 3u};
+  const u32 b0 = v ^ 4u, b1 = v ^ 5u;
+  float acc[NACC][4];
+#pragma unroll
+  for (int j = 0; j < NACC; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+  for (int it = 0; it < iters; ++it)
+#pragma unroll
+    for (int j = 0; j < NACC; ++j) mma_16816<__half>(acc[j], a, b0, b1);
+  float s = 0.f;
+#pragma unroll
+  for (int j = 0; j < NACC; ++j) s += acc[j][0] + acc[j][1] + acc[j][2] + acc[j][3];
+  sink[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}

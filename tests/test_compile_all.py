@@ -8,7 +8,6 @@ import re
 import pytest
 
 from awq_cupy import jit, kernels
-from awq_cupy.ops import _stage_bytes
 
 _PLAIN_C_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -45,8 +44,10 @@ def test_every_variant_compiled(compiled):
     got = [(r["family"], r["arch"], r["variant"]) for r in compiled.rows]
     assert len(got) == len(set(got)), "duplicate rows"
     assert set(got) == expected, (sorted(expected - set(got)), sorted(set(got) - expected))
+    portable = {f for f in kernels.FAMILIES.values() if not f.arch_specific}
     for arch in ("75", "80", "86", "89", "90"):
-        assert {f for f, a in _targets() if a.key == arch} == set(kernels.FAMILIES.values()), arch
+        assert {f for f, a in _targets() if a.key == arch} == portable, arch
+    assert {f for f, a in _targets() if a.key == "90a"} == set(kernels.FAMILIES.values()) - portable
 
 
 @pytest.mark.parametrize("family,arch", [(f.name, a.key) for f, a in _targets()])
@@ -80,17 +81,47 @@ def test_resources_within_arch_limits(compiled):
 
 
 @pytest.mark.parametrize("arch", [a.key for a in jit.ARCHS.values() if kernels.GEMM_TC.supports(a)])
-def test_gemm_tc_shared_memory_fits(compiled, arch):
-    """The dynamic smem ops.matmul asks for, plus the kernel's static smem, fits the arch's opt-in limit."""
+def test_gemm_sw_shared_memory_and_registers_fit(compiled, arch):
+    """The mma.sync GEMM's x slots plus static smem fit the opt-in limit, at 256 threads without spills."""
     a = jit.ARCHS[arch]
-    stages = kernels.gemm_stages(a)
     for dtype in kernels.gemm_dtypes(a):
-        for mb in kernels.GEMM_MBLOCKS:
-            variant = kernels.gemm_variant(dtype, mb, stages)
-            static = compiled.row("gemm_tc", a.target, variant)["static_smem"]
-            dynamic = _stage_bytes(mb) * stages
-            assert dynamic + static <= a.smem_optin, (f"{variant} on {a.target}: {dynamic} B dynamic + {static} B "
-                                                      f"static > {a.smem_optin} B")
+        for nb, tw, depth in kernels.GEMM_SHAPES:
+            for ga in (True, False):
+                variant = kernels.gemm_sw_variant(dtype, nb, tw, depth, ga)
+                row = compiled.row("gemm_tc", a.target, variant)
+                dynamic = kernels.gemm_sw_smem_bytes(nb)
+                assert dynamic + row["static_smem"] <= a.smem_optin, (variant, a.target, dynamic)
+                assert row["spill_stores"] == 0 and row["spill_loads"] == 0, (variant, a.target, row)
+
+
+def test_gemm_wg_only_for_sm90a_and_fits(compiled):
+    """The wgmma GEMM is built for sm_90a alone; every variant fits shared memory and does not spill."""
+    for a in jit.ARCHS.values():
+        assert kernels.GEMM_WG.supports(a) == (a.key == "90a"), a.key
+    a = jit.ARCHS["90a"]
+    for dtype in kernels.gemm_dtypes(a):
+        for nb, tw, depth in kernels.GEMM_WG_SHAPES:
+            for ga in (True, False):
+                variant = kernels.gemm_wg_variant(dtype, nb, tw, depth, ga)
+                row = compiled.row("gemm_wg", a.target, variant)
+                assert kernels.gemm_wg_smem_bytes(nb) + row["static_smem"] <= a.smem_optin, (variant, row)
+                assert row["spill_stores"] == 0 and row["spill_loads"] == 0, (variant, row)
+
+
+def test_wgmma_header_is_generated_from_the_generator(tmp_path, monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    gen = root / "tools" / "gen_wgmma.py"
+    spec = importlib.util.spec_from_file_location("gen_wgmma", gen)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    (tmp_path / "kernels_cu").mkdir()
+    monkeypatch.chdir(tmp_path)
+    mod.main()
+    assert (tmp_path / "kernels_cu" / "wgmma.cuh").read_text() == (root / "kernels_cu" / "wgmma.cuh").read_text(), \
+        "kernels_cu/wgmma.cuh is stale: run python3 tools/gen_wgmma.py"
 
 
 def test_bf16_tensor_core_variants_only_from_sm80(compiled):
@@ -98,9 +129,9 @@ def test_bf16_tensor_core_variants_only_from_sm80(compiled):
         if a.arch_specific:
             continue
         names = set(compiled.families[("gemm_tc", a.key)].lowered) | set(compiled.families[("dequant", a.key)].lowered)
-        bf16 = {kernels.gemm_variant("bfloat16", mb, kernels.gemm_stages(a)) for mb in kernels.GEMM_MBLOCKS}
+        bf16 = {kernels.gemm_sw_variant("bfloat16", nb, tw, p, True) for nb, tw, p in kernels.GEMM_SHAPES}
         bf16 |= {kernels.reduce_variant("bfloat16"), kernels.dequant_tiles_variant("bfloat16")}
-        fp16 = {kernels.gemm_variant("float16", mb, kernels.gemm_stages(a)) for mb in kernels.GEMM_MBLOCKS}
+        fp16 = {kernels.gemm_sw_variant("float16", nb, tw, p, True) for nb, tw, p in kernels.GEMM_SHAPES}
         fp16 |= {kernels.reduce_variant("float16"), kernels.dequant_tiles_variant("float16")}
         assert fp16 <= names, (a.target, sorted(fp16 - names))
         if a.cc >= 80:

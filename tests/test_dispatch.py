@@ -2,7 +2,7 @@
 import pytest
 
 from awq_cupy import dispatch, jit, kernels
-from awq_cupy.ops import plan_gemv, plan_splits, rounds_weights, uses_cublas
+from awq_cupy.ops import gemm_shape_for, plan_gemm, plan_gemv, plan_splits, rounds_weights, uses_cublas
 
 
 def _simulate_gemv_split(NT16, KS, grid, W, TW):
@@ -172,12 +172,66 @@ def test_gemm_splits_avoid_a_partial_last_wave():
     assert plan_splits(64, 112, 2, resident=264, M=128, Np=28672) == (1, 64)
 
 
-def test_gemm_split_policy_target_is_the_earlier_rule(monkeypatch):
-    from awq_cupy import ops
+@pytest.mark.parametrize("wgmma", [False, True])
+@pytest.mark.parametrize("M", [1, 9, 16, 17, 32, 33, 64, 65, 128, 129, 255, 256, 257, 1000])
+def test_gemm_shape_holds_m(M, wgmma):
+    from awq_cupy.ops import gemm_token_tile
 
-    monkeypatch.setattr(ops, "_SPLIT_POLICY", "target")
-    assert plan_splits(224, 16, 1, resident=264, M=64, Np=4096) == (16, 14)   # min(17, 56) -> 17 -> 16 real
-    assert plan_splits(64, 112, 1, resident=264, M=64, Np=28672) == (3, 22)
+    shapes, default = (kernels.GEMM_WG_SHAPES, kernels.GEMM_WG_DEFAULT) if wgmma else (kernels.GEMM_SHAPES,
+                                                                                       kernels.GEMM_DEFAULT)
+    nb, tw, depth = shape = gemm_shape_for(M, wgmma=wgmma)
+    assert shape in shapes
+    tile = 8 * nb
+    assert tile == gemm_token_tile(M, wgmma)
+    assert tile >= M or tile == max(default), "one token tile up to the largest"
+    assert tile == min(default) or tile // 2 < M, "the smallest token tile that holds M"
+
+
+@pytest.mark.parametrize("wgmma", [False, True])
+def test_every_gemm_shape_is_reachable_and_every_tile_has_a_default(wgmma):
+    shapes, default = (kernels.GEMM_WG_SHAPES, kernels.GEMM_WG_DEFAULT) if wgmma else (kernels.GEMM_SHAPES,
+                                                                                       kernels.GEMM_DEFAULT)
+    for tile, shape in default.items():
+        assert shape in shapes and 8 * shape[0] == tile
+    for nb, tw, depth in shapes:
+        assert 8 * nb in default
+        assert gemm_shape_for(8 * nb, tw, wgmma=wgmma)[:2] == (nb, tw)
+
+
+@pytest.mark.parametrize("wgmma", [False, True])
+@pytest.mark.parametrize("K,N", [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096), (8, 8), (1000, 200)])
+@pytest.mark.parametrize("M", [13, 16, 64, 128, 300])
+def test_plan_gemm_covers_the_output_and_k(K, N, M, wgmma):
+    p = plan_gemm(M, K, N, 128 if K % 128 == 0 else K, wgmma=wgmma)
+    n_ctas, splits, m_tiles = p["grid"]
+    assert n_ctas * 8 * p["tiles"] * 16 >= N > (n_ctas - 1) * 8 * p["tiles"] * 16
+    assert m_tiles * 8 * p["token_blocks"] >= M > (m_tiles - 1) * 8 * p["token_blocks"]
+    KS = -(-K // 64)
+    assert splits == p["splits"] and (splits - 1) * p["per"] < KS <= splits * p["per"]
+
+
+@pytest.mark.parametrize("wgmma", [False, True])
+def test_plan_gemm_batch_invariant_split_ignores_m(wgmma):
+    plans = {M: plan_gemm(M, 8192, 1024, 128, batch_invariant=True, wgmma=wgmma) for M in (1, 2, 17, 64, 300)}
+    assert len({(p["splits"], p["per"]) for p in plans.values()}) == 1
+
+
+def test_plan_gemm_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="splits=0 must be 1 to 64"):
+        plan_gemm(64, 4096, 4096, 128, splits=0)
+    with pytest.raises(ValueError, match="tiles=3 is not a GEMM variant"):
+        plan_gemm(64, 4096, 4096, 128, tiles=3)
+    with pytest.raises(ValueError, match="M=0"):
+        plan_gemm(0, 4096, 4096, 128)
+
+
+def test_wgmma_only_on_compute_capability_9(monkeypatch):
+    from awq_cupy import jit
+    from awq_cupy.ops import uses_wgmma
+
+    assert uses_wgmma(jit.ARCHS["90"]) and not uses_wgmma(jit.ARCHS["89"]) and not uses_wgmma(jit.ARCHS["80"])
+    monkeypatch.setenv("AWQ_CUPY_WGMMA", "0")
+    assert not uses_wgmma(jit.ARCHS["90"])
 
 
 def test_dispatch_table_is_consistent():

@@ -291,6 +291,90 @@ def test_gemv_is_deterministic_and_rows_are_independent(rng):
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The swapped GEMM (M > 12): every variant, forced split counts, awkward shapes
+# ---------------------------------------------------------------------------------------------------------------
+def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False):
+    """Run the GEMM (the wgmma or the mma.sync kernel) with ``tiles`` column blocks per warp (and ``splits``)."""
+    from awq_cupy import ops
+    from awq_cupy.jit import arch_of_device
+
+    xg = cp.asarray(x)
+    M = x.shape[0]
+    y = cp.full((M, w.N), np.nan, dtype=xg.dtype)
+    b = cp.asarray(bias) if bias is not None else ops._NULL
+    ops._launch_gemm(xg, w, b, y, M, w.dtype, arch_of_device(w.device), ops._sm_count(w.device), False,
+                     tiles=tiles, splits=splits, wgmma=wgmma)
+    return y.get()
+
+
+def _has_wgmma():
+    from awq_cupy.jit import arch_of_device
+    from awq_cupy.ops import uses_wgmma
+
+    return uses_wgmma(arch_of_device(0))
+
+
+def _gemm_cases():
+    from awq_cupy.kernels import GEMM_SHAPES, GEMM_WG_SHAPES
+
+    return [("mma", s) for s in GEMM_SHAPES] + [("wgmma", s) for s in GEMM_WG_SHAPES]
+
+
+# K not a multiple of 64, one group (G = K), G = 32 and 96 (two groups per 64-k unit), a single column tile,
+# N not a multiple of 16 columns per warp, more units than one split holds.
+GEMM_TEST_SHAPES = [(4096, 1024, 128), (1000, 200, -1), (384, 4160, 32), (768, 96, 96), (2048, 520, 64),
+                    (14336, 64, 128), (8, 8, -1)]
+
+
+@pytest.mark.parametrize("path,shape", _gemm_cases())
+@pytest.mark.parametrize("K,N,G", GEMM_TEST_SHAPES)
+@pytest.mark.parametrize("kind", ["float16", "bfloat16"])
+def test_gemm_variants_against_reference(rng, path, shape, K, N, G, kind):
+    from awq_cupy.ops import gemm_token_tile
+
+    wg = path == "wgmma"
+    if wg and not _has_wgmma():
+        pytest.skip("the wgmma GEMM needs compute capability 9.0")
+    nb, tw, _ = shape
+    tile = 8 * nb
+    Q, Z, S, G = random_layer(rng, K, N, G)
+    w = _weight(Q, Z, S, G, kind)
+    W64 = kernel_weight(Q, Z, S, G, kind)
+    bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
+    lo = tile // 2 + 1            # the smallest M that takes this token tile
+    # the tile's smallest and largest M, a forced split count, and (largest tile only) several token tiles
+    for M, splits in ((lo, None), (tile, 1), (tile - 3, 3), (2 * tile + 5, None)):
+        if gemm_token_tile(M, wg) != tile:
+            continue
+        splits = None if splits is None else min(splits, w.KS)
+        x = random_x(rng, M, K, kind)
+        assert_matmul_close(_gemm(x, w, tw, splits, bias, wg), x, W64, kind, bias=bias,
+                            what=f"GEMM {path} {shape} splits={splits} {K}x{N} G={G} M={M} {kind}")
+
+
+@pytest.mark.parametrize("path", ["mma", "wgmma"])
+def test_gemm_is_deterministic_and_split_count_only_matters(rng, path):
+    """Bitwise the same run to run; a row's result depends on the split count, not on M or the shape."""
+    from awq_cupy.kernels import GEMM_SHAPES, GEMM_WG_SHAPES
+
+    wg = path == "wgmma"
+    if wg and not _has_wgmma():
+        pytest.skip("the wgmma GEMM needs compute capability 9.0")
+    K, N = 4096, 1536
+    Q, Z, S, G = random_layer(rng, K, N, 128)
+    w = _weight(Q, Z, S, G, "float16")
+    x = random_x(rng, 300, K, "float16")
+    ref = _gemm(x[:13], w, 2, splits=4, wgmma=wg)
+    for nb, tw, _ in GEMM_WG_SHAPES if wg else GEMM_SHAPES:
+        tile = 8 * nb
+        for M in (tile - 3, 300) if tile == max(8 * s[0] for s in (GEMM_WG_SHAPES if wg else GEMM_SHAPES)) else (tile - 3,):
+            a, b = _gemm(x[:M], w, tw, splits=4, wgmma=wg), _gemm(x[:M], w, tw, splits=4, wgmma=wg)
+            what = f"{path} M={M} shape={(nb, tw)}"
+            np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=f"run to run {what}")
+            np.testing.assert_array_equal(a[:13].view(np.uint16), ref.view(np.uint16), err_msg=f"rows {what}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Streams, graphs, batch invariance
 # ---------------------------------------------------------------------------------------------------------------
 def test_cuda_graph_capture_and_replay(rng):

@@ -1,0 +1,59 @@
+"""Sweep the GEMM's launch parameters on the Mistral-7B layers, timed like `python -m awq_cupy bench` (queue
+preloaded, weights rotated). Usage:
+    python3 bench/gemm_sweep.py [M,...]   (default 16,32,64,128,256)
+Per (layer, M): the mma.sync kernel (gemm_tc.cu) and the wgmma kernel (gemm_wg.cu, sm_90 only) with their planned
+launches, then the best few (column blocks per warp, split count) of the wgmma kernel's shapes for M's token tile;
+then the sums.
+"""
+import sys
+
+import cupy as cp
+import numpy as np
+
+from awq_cupy import ops
+from awq_cupy.bench import MODELS, Timer, rotated_weights
+from awq_cupy.jit import arch_of_device
+from awq_cupy.kernels import GEMM_WG_SHAPES
+
+ms = [int(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else [16, 32, 64, 128, 256]
+arch = arch_of_device(0)
+wg = ops.uses_wgmma(arch)
+sms = ops._sm_count(0)
+timer = Timer()
+rng = np.random.default_rng(0)
+sums = {}
+for name, K, N in MODELS["mistral-7b"]:
+    G = 128
+    wq = rotated_weights(rng, K, N, G)
+    nq = len(wq)
+    KS = wq[0].KS
+    for M in ms:
+        x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
+        y = cp.empty((M, N), cp.float16)
+
+        def t(**kw):
+            return timer(lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, "float16", arch, sms, False, **kw),
+                         max(20, nq), 3)
+
+        row = {"sw": t(wgmma=False)}
+        res = []
+        if wg:
+            row["wg"] = t(wgmma=True)
+            pp = ops.plan_gemm(M, K, N, G, wgmma=True, sm_count=sms)
+            for nb, tw, _ in GEMM_WG_SHAPES:
+                if ops.gemm_token_tile(M, True) != 8 * nb:
+                    continue
+                for sp in sorted({1, 2, 4, 8, pp["splits"]}):
+                    if sp <= max(1, KS // 2):
+                        res.append((t(wgmma=True, tiles=tw, splits=sp), f"tw{tw}", sp))
+            res.sort()
+            row["best"] = min(res[0][0], row["wg"])
+        for k, v in row.items():
+            sums[(M, k)] = sums.get((M, k), 0.0) + v
+        plan = f"(tw{pp['tiles']},s{pp['splits']})" if wg else ""
+        print(f"{name:8s} M={M:4d} " + "  ".join(f"{k} {v:7.1f}" for k, v in row.items()) + f"  planned{plan}"
+              + ("  " + "  ".join(f"{c}/s{sp}:{us:.1f}" for us, c, sp in res[:5]) if res else ""), flush=True)
+    del wq
+    cp.get_default_memory_pool().free_all_blocks()
+for M in ms:
+    print(f"sum M={M:4d}  " + "  ".join(f"{k} {sums[(M, k)]:7.1f}us" for k in ("sw", "wg", "best") if (M, k) in sums))
