@@ -368,12 +368,19 @@ def _unit_us(token_blocks: int, tiles: int, wgmma: bool) -> float:
     return max(mem, flops / (5.3e6 if wgmma else 2.5e6)) + 0.1
 
 
-def uses_wgmma(arch) -> bool:
-    """Whether the GEMM runs the warpgroup-MMA kernel (kernels_cu/gemm_wg.cu) on ``arch``: on compute capability 9.0
-    (built for sm_90a) unless AWQ_CUPY_WGMMA=0."""
+# Below this many rows the mma.sync GEMM beats the wgmma one on the H200 (Mistral-7B sum at M = 16: 88.0 vs
+# 94.1 us, bench/gemm_sweep.py; at M = 64: 147.3 vs 126.5 us).
+WGMMA_MIN_M = 17
+
+
+def uses_wgmma(arch, M: int | None = None) -> bool:
+    """Whether the GEMM runs the warpgroup-MMA kernel (kernels_cu/gemm_wg.cu) on ``arch`` for M rows: on compute
+    capability 9.0 (built for sm_90a) from WGMMA_MIN_M rows, unless AWQ_CUPY_WGMMA=0. ``M=None``: whether the arch
+    uses it at all (batch-invariant matmul runs one kernel for every M: this one where the arch has it)."""
     import os
 
-    return arch.cc == 90 and os.environ.get("AWQ_CUPY_WGMMA", "1") != "0"
+    return (arch.cc == 90 and os.environ.get("AWQ_CUPY_WGMMA", "1") != "0"
+            and (M is None or M >= WGMMA_MIN_M))
 
 
 def _gemm_table(wgmma: bool):
@@ -442,7 +449,7 @@ def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, 
     from .kernels import (GEMM_WARPS, gemm_sw_smem_bytes, gemm_sw_variant, gemm_wg_smem_bytes, gemm_wg_variant,
                           kernel, reduce_variant)
 
-    wg = uses_wgmma(arch) if wgmma is None else wgmma
+    wg = uses_wgmma(arch, None if batch_invariant else M) if wgmma is None else wgmma
     nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wg)
     NG = max(1, w.K // w.group_size)
     aligned = w.group_size % 64 == 0 or NG == 1

@@ -229,9 +229,12 @@ def test_wgmma_only_on_compute_capability_9(monkeypatch):
     from awq_cupy import jit
     from awq_cupy.ops import uses_wgmma
 
+    from awq_cupy.ops import WGMMA_MIN_M
+
     assert uses_wgmma(jit.ARCHS["90"]) and not uses_wgmma(jit.ARCHS["89"]) and not uses_wgmma(jit.ARCHS["80"])
+    assert uses_wgmma(jit.ARCHS["90"], WGMMA_MIN_M) and not uses_wgmma(jit.ARCHS["90"], WGMMA_MIN_M - 1)
     monkeypatch.setenv("AWQ_CUPY_WGMMA", "0")
-    assert not uses_wgmma(jit.ARCHS["90"])
+    assert not uses_wgmma(jit.ARCHS["90"]) and not uses_wgmma(jit.ARCHS["90"], 128)
 
 
 def test_dispatch_table_is_consistent():
