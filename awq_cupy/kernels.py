@@ -34,7 +34,7 @@ def reduce_variant(dtype: str) -> str:
     return f"awq_splitk_reduce_kernel<{CTYPE[dtype]}>"
 
 
-# mma.sync GEMM (kernels_cu/gemm_tc.cu awq_gemm_sw_kernel, v12; every arch but sm_90, which runs gemm_wg):
+# mma.sync GEMM (kernels_cu/gemm_tc.cu awq_gemm_sw_kernel, v12; every arch; sm_90 runs gemm_wg from 17 rows):
 # (token blocks of 8, 16-column blocks per warp, units in registers) instantiated; 8 warps per CTA, 8 NB tokens per
 # CTA; GA as for the GEMV. One shape per token tile (the H200 sweep, bench/gemm_sweep.py and NOTES.md v12).
 GEMM_SHAPES = ((2, 2, 5), (4, 2, 4), (8, 2, 3), (16, 1, 3))

@@ -356,7 +356,8 @@ def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count, tiles=None, warps=None)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The register-fed swapped GEMM (kernels_cu/gemm_tc.cu awq_gemm_sw_kernel, v12)
+# The fused GEMM (v12): register-fed weights, x through shared memory; wgmma (kernels_cu/gemm_wg.cu) or mma.sync
+# (kernels_cu/gemm_tc.cu awq_gemm_sw_kernel)
 # ----------------------------------------------------------------------------------------------------------------
 def _unit_us(token_blocks: int, tiles: int, wgmma: bool) -> float:
     """Modelled time of one 64-k unit of one GEMM CTA on the H200: the larger of its weight stream (8 warps x tiles
