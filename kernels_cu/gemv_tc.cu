@@ -79,8 +79,10 @@ __global__ void __launch_bounds__(awq_gemv::Bounds<NB, TW, GA>::threads, 1) awq_
   const long long blk_words = (long long)KS * 32;         // uint4 per block
   const uint4* l_w = qtiles + (long long)(b0 + TW * l_cg) * blk_words + (long long)l_ks * 32 + lane;
   const int np2 = Np >> 1;                                // u32 words per group row
-  const u32* l_sz = scales + (long long)(NG == 1 ? 0 : 64 * l_ks / G) * np2 + 8 * (b0 + TW * l_cg) + g8;
-  const long long z_off = zeros - scales;                 // zeros[i] == scales[i + z_off]
+  // scale and zero words of (channel 16 b + g8, + 8) of this unit's group, for the column group's first block b
+  const long long sz0 = (long long)(NG == 1 ? 0 : 64 * l_ks / G) * np2 + 8 * (b0 + TW * l_cg) + g8;
+  const u32* l_s = scales + sz0;
+  const u32* l_z = zeros + sz0;
   // x^T fragments: lane (g8, t4) reads token 8 nb + g8 at k 64 ks + 16 s + 2 t4 (+ 8) for steps s = 0..3.
   const T* xrow[NB];
   bool xtok[NB];
@@ -111,25 +113,26 @@ __global__ void __launch_bounds__(awq_gemv::Bounds<NB, TW, GA>::threads, 1) awq_
 #pragma unroll
     for (int h = 0; h < SZ; ++h) {
       // the unit's second 32 k may start the next group (GA false); past K any group would do, keep this one
-      const u32* p = (!GA && h == 1 && l_gk + 32 >= G && k0 + 32 < K) ? l_sz + np2 : l_sz;
+      const int next = (!GA && h == 1 && l_gk + 32 >= G && k0 + 32 < K) ? np2 : 0;
 #pragma unroll
       for (int i = 0; i < TW; ++i) {
-        st.s[h][i] = i < l_nv ? __ldg(p + 8 * i) : 0u;
-        st.z[h][i] = i < l_nv ? __ldg(p + 8 * i + z_off) : 0u;
+        st.s[h][i] = i < l_nv ? __ldg(l_s + next + 8 * i) : 0u;
+        st.z[h][i] = i < l_nv ? __ldg(l_z + next + 8 * i) : 0u;
       }
     }
     // advance to the next unit
     l_w += 32;
     l_gk += 64;
-    if (l_gk >= G) { l_gk -= G; l_sz += np2; }
-    if (!GA && l_gk >= G) { l_gk -= G; l_sz += np2; }
+    if (l_gk >= G) { l_gk -= G; l_s += np2; l_z += np2; }
+    if (!GA && l_gk >= G) { l_gk -= G; l_s += np2; l_z += np2; }
     if (++l_ks == KS) {                                   // next column group
       l_ks = 0;
       ++l_cg;
       l_nv = min(TW, nblk - TW * l_cg);
       l_gk = 0;
       l_w += (TW - 1) * blk_words;
-      l_sz = scales + 8 * (b0 + TW * l_cg) + g8;
+      l_s = scales + 8 * (b0 + TW * l_cg) + g8;
+      l_z = zeros + 8 * (b0 + TW * l_cg) + g8;
     }
   };
 
