@@ -369,9 +369,10 @@ def _unit_us(token_blocks: int, tiles: int, wgmma: bool) -> float:
     return max(mem, flops / (5.3e6 if wgmma else 2.5e6)) + 0.1
 
 
-# Below this many rows the mma.sync GEMM beats the wgmma one on the H200 (Mistral-7B sum at M = 16: 88.0 vs
-# 94.1 us, bench/gemm_sweep.py; at M = 64: 147.3 vs 126.5 us).
-WGMMA_MIN_M = 17
+# Below this many rows (token tiles of 16 and 32) the mma.sync GEMM beats the wgmma one on the H200, summed over
+# Mistral-7B: M = 16 88.0 vs 94.1 us, M = 32 104.0 vs 108.6 us; M = 48 145.4 vs 124.7, M = 64 147.3 vs 126.5
+# (bench/gemm_sweep.py, `python -m awq_cupy bench --contenders gemm gemm_sw`; bench/NOTES.md v12).
+WGMMA_MIN_M = 33
 
 
 def uses_wgmma(arch, M: int | None = None) -> bool:
