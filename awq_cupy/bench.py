@@ -33,8 +33,9 @@ QUICK_M = [1, 16, 64, 256, 1024]
 CONTENDERS = ("awq_cupy", "cublas_fp16", "dequant_cublas")
 # awq_cupy's individual paths, whatever the dispatch table would pick (for `tune` and kernel work): the GEMV with
 # its default plan, or 1, 2 or 4 16-column blocks per warp unit (M <= 16; 4 only for M <= 8), the fused
-# tensor-core GEMM (wgmma on sm_90) and its mma.sync version (gemm_sw).
-PATHS = ("gemv", "gemv1", "gemv2", "gemv4", "gemm", "gemm_sw")
+# tensor-core GEMM as dispatched, and its mma.sync (gemm_sw) and wgmma (gemm_wg, compute capability 9.0 only)
+# kernels whatever the table says.
+PATHS = ("gemv", "gemv1", "gemv2", "gemv4", "gemm", "gemm_sw", "gemm_wg")
 
 
 @dataclass
@@ -186,12 +187,16 @@ def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, co
                 "gemm": lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, dtype, arch, sms, False),
                 "gemm_sw": lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, dtype, arch, sms, False,
                                                       wgmma=False),
+                "gemm_wg": lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, dtype, arch, sms, False,
+                                                      wgmma=True),
                 "cublas_fp16": lambda i: cupy.matmul(x, wd[i % len(wd)], out=y),
                 "dequant_cublas": lambda i: cupy.matmul(x, awq_cupy.dequantize(wq[i % nq], out=scratch), out=y),
             }
             res = {}
             for c in contenders:
                 if c.startswith("gemv") and M > (8 if c == "gemv4" else 16):
+                    continue
+                if c == "gemm_wg" and not ops.has_wgmma(arch):
                     continue
                 y.fill(np.nan)
                 calls[c](0)

@@ -3,6 +3,9 @@
 ``gemv_max_m``: largest M for the swapped-operand tensor-core GEMV (kernels_cu/gemv_tc.cu; at most 16).
 ``cublas_min_m``: smallest M at which dequantize + cuBLAS (fp16 only) beats the fused GEMM; it is never used
 while the current stream is capturing a CUDA graph (CuPy cannot capture cuBLAS), nor with ``batch_invariant``.
+``wgmma_min_m``: on GPUs that have the Hopper wgmma GEMM (kernels_cu/gemm_wg.cu, compute capability 9.0), the
+smallest M at which the fused GEMM is that kernel rather than the mma.sync one (kernels_cu/gemm_tc.cu); None:
+never. ``batch_invariant`` matmul runs one GEMM kernel for every M: the wgmma one unless this is None.
 
 The built-in rows below were measured with ``python -m awq_cupy bench`` (bench/NOTES.md). ``python -m awq_cupy
 tune`` measures them on the GPU at hand and writes a JSON table; ``for_arch`` reads that file when it exists:
@@ -23,12 +26,16 @@ GEMV_LIMIT = 16      # the GEMV kernel's largest M (two token blocks of 8)
 class Dispatch:
     gemv_max_m: int
     cublas_min_m: int
+    wgmma_min_m: int | None = None
 
     def __post_init__(self):
         for name in ("gemv_max_m", "cublas_min_m"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"dispatch {name}={v!r} must be a non-negative integer")
+        w = self.wgmma_min_m
+        if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
+            raise ValueError(f"dispatch wgmma_min_m={w!r} must be a positive integer or None")
         if self.gemv_max_m > GEMV_LIMIT:
             raise ValueError(f"dispatch gemv_max_m={self.gemv_max_m} exceeds the GEMV's limit of {GEMV_LIMIT}")
         if self.cublas_min_m <= self.gemv_max_m:
@@ -39,8 +46,10 @@ TABLE: dict[str, Dispatch] = {
     # H200 (sm_90), 2026-11-30, `python -m awq_cupy tune` over the Mistral-7B layers (bench/results/
     # dispatch_h200.json, NOTES v11): the GEMV beats the fused GEMM up to M = 12 (92.6 vs 95.0 us), the GEMM with
     # cost-model split-K wins from M = 16 (96.0 vs 101.5 us); the GEMM beats dequantize + cuBLAS at M = 128
-    # (265 vs 357 us) and loses at M = 256 (506 vs 357 us).
-    "90": Dispatch(gemv_max_m=12, cublas_min_m=256),
+    # (265 vs 357 us) and loses at M = 256 (506 vs 357 us). After v12 (NOTES v12): `tune` kept 12 and 256 (M = 12
+    # GEMV 91.6 vs GEMM 94.1 us; M = 256 wgmma GEMM 393 vs 357 us); the mma.sync GEMM beats the wgmma one up to
+    # M = 32 (104.0 vs 108.6 us) and loses from M = 48 (145.4 vs 124.7 us).
+    "90": Dispatch(gemv_max_m=12, cublas_min_m=256, wgmma_min_m=33),
     "default": Dispatch(gemv_max_m=12, cublas_min_m=256),
 }
 
@@ -61,11 +70,17 @@ _loaded: dict = {}     # AWQ_CUPY_DISPATCH value -> the tuned rows in force (rea
 
 
 def load_table(path: Path) -> dict[str, Dispatch]:
-    """Rows of a table written by ``python -m awq_cupy tune``; ValueError naming the file when malformed."""
+    """Rows of a table written by ``python -m awq_cupy tune``; ValueError naming the file when malformed. A row
+    without ``wgmma_min_m`` (written before it existed) takes the built-in row's."""
     try:
         data = json.loads(Path(path).read_text())
         rows = data["table"]
-        return {str(k): Dispatch(**v) for k, v in rows.items()}
+        out = {}
+        for k, v in rows.items():
+            v = dict(v)
+            v.setdefault("wgmma_min_m", TABLE.get(str(k), TABLE["default"]).wgmma_min_m)
+            out[str(k)] = Dispatch(**v)
+        return out
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"dispatch table {path} is not a valid `python -m awq_cupy tune` file: {e}") from None
 

@@ -369,20 +369,21 @@ def _unit_us(token_blocks: int, tiles: int, wgmma: bool) -> float:
     return max(mem, flops / (5.3e6 if wgmma else 2.5e6)) + 0.1
 
 
-# Below this many rows (token tiles of 16 and 32) the mma.sync GEMM beats the wgmma one on the H200, summed over
-# Mistral-7B: M = 16 88.0 vs 94.1 us, M = 32 104.0 vs 108.6 us; M = 48 145.4 vs 124.7, M = 64 147.3 vs 126.5
-# (bench/gemm_sweep.py, `python -m awq_cupy bench --contenders gemm gemm_sw`; bench/NOTES.md v12).
-WGMMA_MIN_M = 33
+def has_wgmma(arch) -> bool:
+    """Whether ``arch`` has the warpgroup-MMA GEMM (kernels_cu/gemm_wg.cu, built for sm_90a): compute capability
+    9.0, unless AWQ_CUPY_WGMMA=0."""
+    import os
+
+    return arch.cc == 90 and os.environ.get("AWQ_CUPY_WGMMA", "1") != "0"
 
 
 def uses_wgmma(arch, M: int | None = None) -> bool:
-    """Whether the GEMM runs the warpgroup-MMA kernel (kernels_cu/gemm_wg.cu) on ``arch`` for M rows: on compute
-    capability 9.0 (built for sm_90a) from WGMMA_MIN_M rows, unless AWQ_CUPY_WGMMA=0. ``M=None``: whether the arch
-    uses it at all (batch-invariant matmul runs one kernel for every M: this one where the arch has it)."""
-    import os
-
-    return (arch.cc == 90 and os.environ.get("AWQ_CUPY_WGMMA", "1") != "0"
-            and (M is None or M >= WGMMA_MIN_M))
+    """Whether the fused GEMM for M rows is the wgmma kernel on ``arch``: it has one and M >= the dispatch table's
+    ``wgmma_min_m`` (``M=None``: for any M, as batch-invariant matmul runs one kernel for all)."""
+    if not has_wgmma(arch):
+        return False
+    first = dispatch.for_arch(arch.key).wgmma_min_m
+    return first is not None and (M is None or M >= first)
 
 
 def _gemm_table(wgmma: bool):

@@ -17,7 +17,7 @@ from awq_cupy.kernels import GEMM_WG_SHAPES
 
 ms = [int(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else [16, 32, 64, 128, 256]
 arch = arch_of_device(0)
-wg = ops.uses_wgmma(arch)
+wg = ops.has_wgmma(arch)
 sms = ops._sm_count(0)
 timer = Timer()
 rng = np.random.default_rng(0)

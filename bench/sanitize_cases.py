@@ -37,7 +37,7 @@ for K, N, G, kinds in [(24, 8, -1, ("float16", "bfloat16")), (96, 72, 32, ("floa
                 for tiles in (1, 2, 4) if M <= 8 else (1, 2):
                     y = cp.empty((M, N), dtype=x.dtype)
                     awq_cupy.ops._launch_gemv(x, w, bias, y, M, kind, awq_cupy.ops._sm_count(w.device), tiles=tiles)
-            for wg in sorted({False, ops.uses_wgmma(arch_of_device(w.device))}) if M > 8 else ():
+            for wg in sorted({False, ops.has_wgmma(arch_of_device(w.device))}) if M > 8 else ():
                 for nb, tw, _ in (GEMM_WG_SHAPES if wg else GEMM_SHAPES):  # every GEMM variant of M's token tile
                     if ops.gemm_token_tile(M, wg) == 8 * nb:
                         for splits in (1, min(3, w.KS)):

@@ -114,11 +114,32 @@ def test_tune_choice_from_measurements():
             16: dict(gemv=100, gemm=95, dequant_cublas=400), 64: dict(gemm=150, dequant_cublas=300),
             128: dict(gemm=320, dequant_cublas=340), 256: dict(gemm=580, dequant_cublas=350),
             512: dict(gemm=1100, dequant_cublas=600)}
-    assert choose(sums) == (8, 256)
+    assert choose(sums) == (8, 256, None)
     # cuBLAS never wins: one past the largest M; bf16 (no cuBLAS path) likewise
-    assert choose({1: dict(gemv=1, gemm=2), 32: dict(gemm=5)}) == (1, 33)
+    assert choose({1: dict(gemv=1, gemm=2), 32: dict(gemm=5)}) == (1, 33, None)
     # the GEMV loses already at M = 1
-    assert choose({1: dict(gemv=3, gemm=2, dequant_cublas=9)}) == (0, 2)
+    assert choose({1: dict(gemv=3, gemm=2, dequant_cublas=9)}) == (0, 2, None)
+
+
+def test_tune_choice_between_the_two_gemm_kernels():
+    from awq_cupy.tune import choose
+
+    # the H200's measurements after v12 (bench/results/dispatch_h200.json, bench/NOTES.md v12), in us
+    sums = {8: dict(gemv=63, gemm_sw=92, gemm_wg=95, dequant_cublas=297),
+            12: dict(gemv=92, gemm_sw=93, gemm_wg=96, dequant_cublas=296),
+            16: dict(gemv=100, gemm_sw=88, gemm_wg=94, dequant_cublas=296),
+            32: dict(gemm_sw=104, gemm_wg=109, dequant_cublas=298),
+            48: dict(gemm_sw=145, gemm_wg=125, dequant_cublas=300),
+            128: dict(gemm_sw=299, gemm_wg=184, dequant_cublas=356),
+            256: dict(gemm_sw=559, gemm_wg=393, dequant_cublas=357)}
+    assert choose(sums) == (12, 256, 48)
+    # the GEMV is compared with the GEMM kernel the table picks at that M (here mma.sync: 88 < 100)
+    sums[16]["gemm_wg"] = 80
+    assert choose(sums) == (12, 256, 48)
+    # wgmma never wins at the largest M: never used
+    assert choose({16: dict(gemv=100, gemm_sw=88, gemm_wg=94), 64: dict(gemm_sw=1, gemm_wg=2)})[2] is None
+    # wgmma wins everywhere: from the smallest measured M
+    assert choose({16: dict(gemv=100, gemm_sw=88, gemm_wg=80), 64: dict(gemm_sw=3, gemm_wg=2)}) == (0, 65, 16)
 
 
 def test_tuned_table_round_trip_and_precedence(tmp_path, monkeypatch):
@@ -139,7 +160,15 @@ def test_tuned_table_round_trip_and_precedence(tmp_path, monkeypatch):
     dispatch.reload()                                               # edited behind write_table's back
     with pytest.raises(ValueError, match="gemv_max_m=64"):
         dispatch.for_arch("90")
+    path.write_text('{"table": {"90": {"gemv_max_m": 8, "cublas_min_m": 128}}}')   # written before wgmma_min_m
+    dispatch.reload()
+    assert dispatch.for_arch("90") == dispatch.Dispatch(8, 128, dispatch.TABLE["90"].wgmma_min_m)
+    path.write_text('{"table": {"90": {"gemv_max_m": 8, "cublas_min_m": 128, "wgmma_min_m": 0}}}')
+    dispatch.reload()
+    with pytest.raises(ValueError, match="wgmma_min_m=0 must be a positive integer or None"):
+        dispatch.for_arch("90")
     path.write_text("not json")
+    dispatch.reload()
     with pytest.raises(ValueError, match="not a valid"):
         dispatch.for_arch("90")
 
@@ -225,16 +254,28 @@ def test_plan_gemm_rejects_bad_arguments():
         plan_gemm(0, 4096, 4096, 128)
 
 
-def test_wgmma_only_on_compute_capability_9(monkeypatch):
+def test_wgmma_only_on_compute_capability_9_and_from_the_tables_m(monkeypatch):
+    from awq_cupy import jit
+    from awq_cupy.ops import has_wgmma, uses_wgmma
+
+    first = dispatch.for_arch("90").wgmma_min_m
+    assert first is not None
+    assert has_wgmma(jit.ARCHS["90"]) and not has_wgmma(jit.ARCHS["89"]) and not has_wgmma(jit.ARCHS["80"])
+    assert uses_wgmma(jit.ARCHS["90"]) and not uses_wgmma(jit.ARCHS["89"]) and not uses_wgmma(jit.ARCHS["80"], 128)
+    assert uses_wgmma(jit.ARCHS["90"], first) and not uses_wgmma(jit.ARCHS["90"], first - 1)
+    monkeypatch.setenv("AWQ_CUPY_WGMMA", "0")
+    assert not has_wgmma(jit.ARCHS["90"]) and not uses_wgmma(jit.ARCHS["90"], 128)
+
+
+def test_table_without_wgmma_row_means_never(tmp_path, monkeypatch):
     from awq_cupy import jit
     from awq_cupy.ops import uses_wgmma
 
-    from awq_cupy.ops import WGMMA_MIN_M
-
-    assert uses_wgmma(jit.ARCHS["90"]) and not uses_wgmma(jit.ARCHS["89"]) and not uses_wgmma(jit.ARCHS["80"])
-    assert uses_wgmma(jit.ARCHS["90"], WGMMA_MIN_M) and not uses_wgmma(jit.ARCHS["90"], WGMMA_MIN_M - 1)
-    monkeypatch.setenv("AWQ_CUPY_WGMMA", "0")
-    assert not uses_wgmma(jit.ARCHS["90"]) and not uses_wgmma(jit.ARCHS["90"], 128)
+    path = tmp_path / "t.json"
+    monkeypatch.setenv("AWQ_CUPY_DISPATCH", str(path))
+    dispatch.write_table(path, {"90": dispatch.Dispatch(gemv_max_m=8, cublas_min_m=256, wgmma_min_m=None)}, {})
+    assert not uses_wgmma(jit.ARCHS["90"], 128) and not uses_wgmma(jit.ARCHS["90"])
+    dispatch.reload()
 
 
 def test_dispatch_table_is_consistent():

@@ -309,9 +309,9 @@ def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False):
 
 def _has_wgmma():
     from awq_cupy.jit import arch_of_device
-    from awq_cupy.ops import uses_wgmma
+    from awq_cupy.ops import has_wgmma
 
-    return uses_wgmma(arch_of_device(0))
+    return has_wgmma(arch_of_device(0))
 
 
 def _gemm_cases():
