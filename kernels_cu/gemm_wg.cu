@@ -1,6 +1,6 @@
 // gemm_wg.cu: W4A16 matmul on Hopper warpgroup MMA (sm_90a), y^T[N, M] = W^T @ x^T, fp32 accumulation.
-// For M from a dozen rows up; the sm_90a counterpart of awq_gemm_sw_kernel (gemm_tc.cu), with the same operands,
-// work split and numerics.
+// For M from a few dozen rows up (the dispatch table's wgmma_min_m); the sm_90a counterpart of awq_gemm_sw_kernel
+// (gemm_tc.cu), with the same operands, work split and weight rounding (fp32 sums may differ in the last bits).
 //
 // Why: mma.sync stays below ~45% of the tensor pipe here (bench/NOTES.md, v12): with the accumulators of a
 // useful tile in registers only two warps fit per scheduler, and each warp's stream of decode + ldmatrix + mma
