@@ -162,17 +162,18 @@ def _kernel_dir():
     return Path(__file__).resolve().parent.parent / "kernels_cu"
 
 
-def read_source(name: str, _seen: frozenset = frozenset()) -> str:
-    """Text of ``kernels_cu/<name>`` with our own ``#include "x.cuh"`` lines inlined (recursively, once each),
-    so that the cache key covers every header by content."""
-    if name in _seen:
+def read_source(name: str, _seen: set | None = None) -> str:
+    """Text of ``kernels_cu/<name>`` with our own ``#include "x.cuh"`` lines inlined (recursively, once each per
+    translation unit, like ``#pragma once``), so that the cache key covers every header by content."""
+    seen = set() if _seen is None else _seen
+    if name in seen:
         return f"// {name} already included\n"
+    seen.add(name)
     path = _kernel_dir().joinpath(name)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise FileNotFoundError(f"kernel source {name!r} not found in {_kernel_dir()}") from None
-    seen = _seen | {name}
     return _INCLUDE_RE.sub(lambda m: f"// ---- begin {m.group(1)}\n{read_source(m.group(1), seen)}"
                                      f"// ---- end {m.group(1)}", text)
 

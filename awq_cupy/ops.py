@@ -454,8 +454,7 @@ def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, 
 
     wg = uses_wgmma(arch, None if batch_invariant else M) if wgmma is None else wgmma
     nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wg)
-    NG = max(1, w.K // w.group_size)
-    aligned = w.group_size % 64 == 0 or NG == 1
+    aligned = w.group_size % 64 == 0 or w.NG == 1
     if wg:
         gk = kernel("gemm_wg", gemm_wg_variant(kind, nb, tw, depth, aligned), w.device)
         smem = gemm_wg_smem_bytes(nb)
@@ -470,7 +469,7 @@ def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, 
     ws = _workspace(p["splits"] * M * Np, w.device) if p["splits"] > 1 else _NULL
     gk.launch(p["grid"], (32 * GEMM_WARPS,),
               (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, ws, as_i32(M), as_i32(w.N), as_i32(w.K),
-               as_i32(p["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(NG), as_i32(Np), as_i32(p["per"])),
+               as_i32(p["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(Np), as_i32(p["per"])),
               smem=p["smem"])
     if p["splits"] > 1:
         rk = kernel("gemm_tc", reduce_variant(kind), w.device)

@@ -74,24 +74,6 @@ template <typename T> AWQ_DEVICE u32 int4pair_magic(u32 w) {  // slots 0 and 4 o
   return lop3<0xea>(w, 0x000f000fu, Magic<T>::pair);
 }
 
-// (q - z) * s on a packed pair, in T arithmetic: the subtraction is exact, the product rounds once.
-template <typename T> AWQ_DEVICE u32 dequant_pair(u32 qmagic, u32 zmagic2, u32 s2);
-template <> AWQ_DEVICE u32 dequant_pair<__half>(u32 q, u32 z, u32 s) {
-  __half2 r = __hmul2(__hsub2(*reinterpret_cast<__half2*>(&q), *reinterpret_cast<__half2*>(&z)),
-                      *reinterpret_cast<__half2*>(&s));
-  return *reinterpret_cast<u32*>(&r);
-}
-template <> AWQ_DEVICE u32 dequant_pair<__nv_bfloat16>(u32 q, u32 z, u32 s) {
-#if AWQ_CUPY_CC >= 800
-  __nv_bfloat162 r = __hmul2(__hsub2(*reinterpret_cast<__nv_bfloat162*>(&q),
-                                     *reinterpret_cast<__nv_bfloat162*>(&z)),
-                             *reinterpret_cast<__nv_bfloat162*>(&s));
-  return *reinterpret_cast<u32*>(&r);
-#else
-  return 0u;  // bf16 kernels are not instantiated below sm_80 (no bf16 mma there)
-#endif
-}
-
 // q - z on a packed pair (exact: both are MAGIC + small integer).
 template <typename T> AWQ_DEVICE u32 hsub2_bits(u32 qmagic, u32 zmagic2);
 template <> AWQ_DEVICE u32 hsub2_bits<__half>(u32 q, u32 z) {
@@ -103,8 +85,28 @@ template <> AWQ_DEVICE u32 hsub2_bits<__nv_bfloat16>(u32 q, u32 z) {
   __nv_bfloat162 r = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&q), *reinterpret_cast<__nv_bfloat162*>(&z));
   return *reinterpret_cast<u32*>(&r);
 #else
+  return 0u;  // bf16 kernels are not instantiated below sm_80 (no bf16 mma there)
+#endif
+}
+
+// Product of packed pairs, rounded once per half.
+template <typename T> AWQ_DEVICE u32 hmul2_bits(u32 a, u32 b);
+template <> AWQ_DEVICE u32 hmul2_bits<__half>(u32 a, u32 b) {
+  __half2 r = __hmul2(*reinterpret_cast<__half2*>(&a), *reinterpret_cast<__half2*>(&b));
+  return *reinterpret_cast<u32*>(&r);
+}
+template <> AWQ_DEVICE u32 hmul2_bits<__nv_bfloat16>(u32 a, u32 b) {
+#if AWQ_CUPY_CC >= 800
+  __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
+  return *reinterpret_cast<u32*>(&r);
+#else
   return 0u;
 #endif
+}
+
+// (q - z) * s on a packed pair, in T arithmetic: the subtraction is exact, the product rounds once.
+template <typename T> AWQ_DEVICE u32 dequant_pair(u32 qmagic, u32 zmagic2, u32 s2) {
+  return hmul2_bits<T>(hsub2_bits<T>(qmagic, zmagic2), s2);
 }
 
 // Broadcast the low / high 16-bit half of a word into both halves.
@@ -156,19 +158,6 @@ template <> struct WeightDecoder<__nv_bfloat16> {
 
 // (q - z) * s in T with one rounding (the values awq_cupy.dequantize produces): the exact (q - z) fragment times
 // the scales of channels c (slo) and c + 8 (shi), each broadcast to both halves.
-template <typename T> AWQ_DEVICE u32 hmul2_bits(u32 a, u32 b);
-template <> AWQ_DEVICE u32 hmul2_bits<__half>(u32 a, u32 b) {
-  __half2 r = __hmul2(*reinterpret_cast<__half2*>(&a), *reinterpret_cast<__half2*>(&b));
-  return *reinterpret_cast<u32*>(&r);
-}
-template <> AWQ_DEVICE u32 hmul2_bits<__nv_bfloat16>(u32 a, u32 b) {
-#if AWQ_CUPY_CC >= 800
-  __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
-  return *reinterpret_cast<u32*>(&r);
-#else
-  return 0u;
-#endif
-}
 template <typename T>
 AWQ_DEVICE void scaled_a_fragment(const WeightDecoder<T>& dec, u32 w, u32 slo, u32 shi, u32 (&a)[4]) {
   dec.a_fragment(w, a);

@@ -448,6 +448,16 @@ def test_read_source_include_cycle_terminates(env):
     assert "a.cuh already included" in text
 
 
+def test_read_source_inlines_a_header_once_per_unit(env):
+    """A header included by the source and again by another header is inlined once (the first time)."""
+    (env.kernel_dir / "mid.cuh").write_text('#pragma once\n#include "common.cuh"\nint mid;\n')
+    (env.kernel_dir / "unit.cu").write_text('#include "common.cuh"\n#include "mid.cuh"\nint body;\n')
+    text = jit.read_source("unit.cu")
+    assert text.count("// ---- begin common.cuh") == 2 and text.count("scaled(float v)") == 1
+    assert "common.cuh already included" in text
+    assert text.index("scaled(float v)") < text.index("int mid;") < text.index("int body;")
+
+
 def test_read_source_missing_include(env):
     (env.kernel_dir / "bad.cu").write_text('#include "missing.cuh"\n')
     with pytest.raises(FileNotFoundError, match="missing.cuh"):
