@@ -156,17 +156,6 @@ template <> struct WeightDecoder<__nv_bfloat16> {
   }
 };
 
-// (q - z) * s in T with one rounding (the values awq_cupy.dequantize produces): the exact (q - z) fragment times
-// the scales of channels c (slo) and c + 8 (shi), each broadcast to both halves.
-template <typename T>
-AWQ_DEVICE void scaled_a_fragment(const WeightDecoder<T>& dec, u32 w, u32 slo, u32 shi, u32 (&a)[4]) {
-  dec.a_fragment(w, a);
-  a[0] = hmul2_bits<T>(a[0], slo);
-  a[1] = hmul2_bits<T>(a[1], shi);
-  a[2] = hmul2_bits<T>(a[2], slo);
-  a[3] = hmul2_bits<T>(a[3], shi);
-}
-
 // ------------------------------------------------------------------------------------------------------------
 // Shared-memory movement. cp.async (sm_80+) with zero fill: src-size 0 writes 16 zero bytes without reading
 // global memory, which is how tails (rows >= M, k >= K) are masked. On sm_75 a synchronous copy stands in.

@@ -12,12 +12,7 @@
 //   bias    T [N] or null; y T [M, N]; ws float [splits, M, Np] partial sums when splits > 1.
 // Launched by awq_cupy.matmul (awq_cupy/ops.py _launch_gemm).
 #include "common.cuh"
-
-namespace awq_tc {
-// x tile rows are 64 halves = 8 chunks of 16 B; chunk c of row r is stored at c ^ (r % 8), so the 8 rows an
-// ldmatrix phase reads fall in 8 different bank groups (and the layout is the 128-byte swizzle of wgmma).
-AWQ_DEVICE int swz(int row, int chunk) { return row * 8 + (chunk ^ (row & 7)); }
-}  // namespace awq_tc
+#include "gemm_units.cuh"
 
 
 // y[m, n] = T(sum over splits of ws[s, m, n] (in split order) + bias[n]); two columns per thread.
@@ -96,76 +91,17 @@ __global__ void __launch_bounds__(awq_sw::THREADS, 1) awq_gemm_sw_kernel(
   static_assert(P >= 2, "at least one unit loaded ahead");
   constexpr int BM = 8 * NB, SZ = GA ? 1 : 2;
   constexpr int SLOT_BYTES = BM * 64 * 2;
-  constexpr int CPT = (BM * 8 + THREADS - 1) / THREADS;   // x chunks of 16 B per thread per unit
+  using Stream = UnitStream<T, TW, SZ, BM, THREADS>;
   extern __shared__ __align__(16) unsigned char smem[];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g8 = lane >> 2;
   const int m0 = blockIdx.z * BM;
   const int ub = blockIdx.y * units_per_split;
   const int n = min(KS, ub + units_per_split) - ub;      // units of this split (>= 1 by the plan)
   const int blk0 = (blockIdx.x * WARPS + warp) * TW;      // this warp's first 16-column block
   const bool active = blk0 < NT16;
   const u32 smem0 = smem_addr(smem);
-
-  // ---- x chunks of this thread: chunk c = tid + THREADS r is (row c / 8, 16-byte chunk c % 8) of the unit, i.e.
-  // rows tid / 8 + 32 r of the token tile at k offset 8 (tid % 8); bit r of xok: the chunk exists and its row < M.
-  const int xk = 8 * (tid & 7);
-  const T* xsrc = x + (long long)min(m0 + (tid >> 3), M - 1) * K + xk;
-  const long long xstep = (long long)(THREADS / 8) * K;
-  u32 xok = 0;
-#pragma unroll
-  for (int r = 0; r < CPT; ++r) {
-    const int c = tid + THREADS * r;
-    if (c < BM * 8 && m0 + (c >> 3) < M) xok |= 1u << r;
-  }
-  const u32 xdst = (u32)(awq_tc::swz(tid >> 3, tid & 7) * 16);   // + THREADS / 8 rows x 128 B per r
-
-  // ---- weight cursor (running values, no divisions in the loop) ---------------------------------------------
-  const long long blk_words = (long long)KS * 32;                 // uint4 per block
-  const uint4* l_w = qtiles + (long long)blk0 * blk_words + (long long)ub * 32 + lane;
-  int l_g = min(64 * ub / G, NG - 1), l_gk = (64 * ub) % G;       // group of the unit, k offset inside it
-  int l_k = 64 * ub;                                              // first k of the unit
-  const int np2 = Np >> 1;                                        // u32 words per group row
-  const int sz_col = 8 * blk0 + g8;                               // u32 word of (channel c, c + 8) of block blk0
-  const int nvalid = max(0, min(TW, NT16 - blk0));
-
-  struct Stage {
-    uint4 w[TW];
-    u32 s[SZ][TW], z[SZ][TW];
-    uint4 xc[CPT];
-  };
-  auto load = [&](Stage& st) {
-#pragma unroll
-    for (int i = 0; i < TW; ++i)
-      st.w[i] = i < nvalid ? __ldcs(l_w + i * blk_words) : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-    for (int h = 0; h < SZ; ++h) {
-      // GA false: the unit's second 32 k may start the next group (G % 64 == 32); never past the last group
-      const int g = (h == 1 && l_gk + 32 >= G) ? min(l_g + 1, NG - 1) : l_g;
-      const int off = g * np2 + sz_col;
-#pragma unroll
-      for (int i = 0; i < TW; ++i) {
-        st.s[h][i] = i < nvalid ? __ldg(scales + off + 8 * i) : 0u;
-        st.z[h][i] = i < nvalid ? __ldg(zeros + off + 8 * i) : 0u;
-      }
-    }
-    const bool kin = l_k + xk < K;
-#pragma unroll
-    for (int r = 0; r < CPT; ++r)
-      st.xc[r] = (((xok >> r) & 1u) && kin) ? __ldg(reinterpret_cast<const uint4*>(xsrc + r * xstep + l_k))
-                                           : make_uint4(0u, 0u, 0u, 0u);
-    l_w += 32;
-    l_k += 64;
-    l_gk += 64;
-    while (l_gk >= G) { l_gk -= G; l_g = min(l_g + 1, NG - 1); }
-  };
-  auto store_x = [&](const Stage& st, int slot) {
-#pragma unroll
-    for (int r = 0; r < CPT; ++r)
-      if (tid + THREADS * r < BM * 8)
-        *reinterpret_cast<uint4*>(smem + slot * SLOT_BYTES + xdst + r * (THREADS / 8) * 128) = st.xc[r];
-  };
+  Stream units(x, qtiles, scales, zeros, M, K, NT16, KS, G, NG, Np, m0, ub, blk0, tid, lane);
 
   float acc[TW][NB][4];
 #pragma unroll
@@ -182,19 +118,14 @@ __global__ void __launch_bounds__(awq_sw::THREADS, 1) awq_gemm_sw_kernel(
   const int lrow = (lane & 7) + ((lane >> 4) << 3), lch = (lane >> 3) & 1;
   u32 loff[4];
 #pragma unroll
-  for (int t = 0; t < 4; ++t) loff[t] = (u32)(awq_tc::swz(lrow, 2 * t + lch) * 16);
+  for (int t = 0; t < 4; ++t) loff[t] = (u32)(awq_units::swz(lrow, 2 * t + lch) * 16);
 
-  auto compute = [&](const Stage& st, u32 slot_addr) {
+  auto compute = [&](const typename Stream::Stage& st, u32 slot_addr) {
 #pragma unroll
     for (int h = 0; h < SZ; ++h) {
-      WeightDecoder<T> dec[TW];
-      u32 slo[TW], shi[TW];
+      ScaledDecoder<T> dec[TW];
 #pragma unroll
-      for (int i = 0; i < TW; ++i) {
-        dec[i].set_zeros(st.z[h][i]);
-        slo[i] = bcast_lo(st.s[h][i]);
-        shi[i] = bcast_hi(st.s[h][i]);
-      }
+      for (int i = 0; i < TW; ++i) dec[i].set(st.z[h][i], st.s[h][i]);
 #pragma unroll
       for (int tt = 0; tt < 4 / SZ; ++tt) {
         const int t = h * (4 / SZ) + tt;
@@ -208,8 +139,7 @@ __global__ void __launch_bounds__(awq_sw::THREADS, 1) awq_gemm_sw_kernel(
 #pragma unroll
         for (int i = 0; i < TW; ++i) {
           u32 a[4];
-          scaled_a_fragment(dec[i], t == 0 ? st.w[i].x : t == 1 ? st.w[i].y : t == 2 ? st.w[i].z : st.w[i].w,
-                            slo[i], shi[i], a);
+          dec[i].fragment(awq_units::word(st.w[i], t), a);
 #pragma unroll
           for (int nb = 0; nb < NB; ++nb) mma_16816<T>(acc[i][nb], a, b[nb][0], b[nb][1]);
         }
@@ -218,11 +148,11 @@ __global__ void __launch_bounds__(awq_sw::THREADS, 1) awq_gemm_sw_kernel(
   };
 
   // Prologue: P - 1 units in registers, unit 0's x in slot 0.
-  Stage st[P];
+  typename Stream::Stage st[P];
 #pragma unroll
   for (int j = 0; j < P - 1; ++j)
-    if (j < n) load(st[j]);
-  store_x(st[0], 0);
+    if (j < n) units.load(st[j]);
+  units.store_x(st[0], smem);
   __syncthreads();
 
   for (int it = 0; it < n; it += P) {
@@ -230,35 +160,14 @@ __global__ void __launch_bounds__(awq_sw::THREADS, 1) awq_gemm_sw_kernel(
     for (int j = 0; j < P; ++j) {
       const int u = it + j;
       if (u >= n) break;
-      if (u + P - 1 < n) load(st[(j + P - 1) % P]);
+      if (u + P - 1 < n) units.load(st[(j + P - 1) % P]);
       if (active) compute(st[j], smem0 + (u & 1) * SLOT_BYTES);
-      if (u + 1 < n) store_x(st[(j + 1) % P], (u + 1) & 1);   // the slot unit u - 1 was read from
+      if (u + 1 < n) units.store_x(st[(j + 1) % P], smem + ((u + 1) & 1) * SLOT_BYTES);   // unit u - 1's slot
       __syncthreads();
     }
   }
   if (!active) return;
 
-  // Accumulator e of (i, nb): channel 16 (blk0 + i) + g8 + 8 (e >> 1), token m0 + 8 nb + 2 t4 + (e & 1).
-  const int t4 = lane & 3;
-  const bool split = gridDim.y > 1;
-#pragma unroll
-  for (int i = 0; i < TW; ++i) {
-    if (i >= nvalid) continue;
-#pragma unroll
-    for (int e2 = 0; e2 < 2; ++e2) {
-      const int ch = 16 * (blk0 + i) + g8 + 8 * e2;
-      if (ch >= N) continue;
-      const float bv = (!split && bias != nullptr) ? Traits<T>::to_float(bias[ch]) : 0.f;
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int e1 = 0; e1 < 2; ++e1) {
-          const int tok = m0 + 8 * nb + 2 * t4 + e1;
-          if (tok >= M) continue;
-          const float v = acc[i][nb][2 * e2 + e1];
-          if (split) ws[((long long)blockIdx.y * M + tok) * Np + ch] = v;
-          else y[(long long)tok * N + ch] = Traits<T>::from_float(v + bv);
-        }
-    }
-  }
+  store_swapped_tile<T, TW, NB>([&](int i, int j, int e) { return acc[i][j][e]; }, bias, y, ws, M, N, Np, m0, blk0,
+                                units.nvalid, lane);
 }

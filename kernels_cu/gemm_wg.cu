@@ -20,6 +20,7 @@
 // token tiles); split-K partials summed by awq_splitk_reduce_kernel (gemm_tc.cu) in split order.
 // Variants: T x (NB, TW, P) x GA (table: awq_cupy/kernels.py GEMM_WG_SHAPES).
 #include "common.cuh"
+#include "gemm_units.cuh"
 #include "wgmma.cuh"
 
 namespace awq_wg {
@@ -62,7 +63,7 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
   static_assert(P >= 2, "at least one unit loaded ahead");
   constexpr int BM = 8 * NB, SZ = GA ? 1 : 2, R = BM / 2;
   constexpr int SLOT_BYTES = BM * 128;
-  constexpr int CPT = (BM * 8 + THREADS - 1) / THREADS;   // x chunks of 16 B per thread per unit
+  using Stream = UnitStream<T, TW, SZ, BM, THREADS>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // slots 1024-byte aligned (the swizzle pattern repeats every 8 rows of 128 B); the launch adds 1 KB
   const u32 raw0 = smem_addr(smem_raw);
@@ -70,67 +71,14 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
   unsigned char* smem = smem_raw + (smem0 - raw0);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g8 = lane >> 2;
   const int m0 = blockIdx.z * BM;
   const int ub = blockIdx.y * units_per_split;
   const int n = min(KS, ub + units_per_split) - ub;      // units of this split (>= 1 by the plan)
   const int blk0 = (blockIdx.x * WARPS + warp) * TW;      // this warp's first 16-column block
-
-  // x chunks of this thread: chunk c = tid + THREADS r is row c / 8 (= tid / 8 + 32 r), 16-byte chunk tid % 8
-  const int xk = 8 * (tid & 7);
-  const T* xsrc = x + (long long)min(m0 + (tid >> 3), M - 1) * K + xk;
-  const long long xstep = (long long)(THREADS / 8) * K;
-  u32 xok = 0;
-#pragma unroll
-  for (int r = 0; r < CPT; ++r) {
-    const int c = tid + THREADS * r;
-    if (c < BM * 8 && m0 + (c >> 3) < M) xok |= 1u << r;
-  }
-  const u32 xdst = (u32)(((tid >> 3) * 8 + ((tid & 7) ^ ((tid >> 3) & 7))) * 16);   // + 32 rows x 128 B per r
-
-  // weight cursor (running values, no divisions in the loop)
-  const long long blk_words = (long long)KS * 32;
-  const uint4* l_w = qtiles + (long long)blk0 * blk_words + (long long)ub * 32 + lane;
-  int l_g = min(64 * ub / G, NG - 1), l_gk = (64 * ub) % G;
-  int l_k = 64 * ub;
-  const int np2 = Np >> 1;
-  const int sz_col = 8 * blk0 + g8;
-  const int nvalid = max(0, min(TW, NT16 - blk0));       // blocks of this warp that exist (the rest compute zeros)
-
-  struct Stage {
-    uint4 w[TW];
-    u32 s[SZ][TW], z[SZ][TW];
-    uint4 xc[CPT];
-  };
-  auto load = [&](Stage& st) {
-#pragma unroll
-    for (int i = 0; i < TW; ++i)
-      st.w[i] = i < nvalid ? __ldcs(l_w + i * blk_words) : make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-    for (int h = 0; h < SZ; ++h) {
-      const int g = (h == 1 && l_gk + 32 >= G) ? min(l_g + 1, NG - 1) : l_g;
-      const int off = g * np2 + sz_col;
-#pragma unroll
-      for (int i = 0; i < TW; ++i) {
-        st.s[h][i] = i < nvalid ? __ldg(scales + off + 8 * i) : 0u;
-        st.z[h][i] = i < nvalid ? __ldg(zeros + off + 8 * i) : 0u;
-      }
-    }
-    const bool kin = l_k + xk < K;
-#pragma unroll
-    for (int r = 0; r < CPT; ++r)
-      st.xc[r] = (((xok >> r) & 1u) && kin) ? __ldg(reinterpret_cast<const uint4*>(xsrc + r * xstep + l_k))
-                                           : make_uint4(0u, 0u, 0u, 0u);
-    l_w += 32;
-    l_k += 64;
-    l_gk += 64;
-    while (l_gk >= G) { l_gk -= G; l_g = min(l_g + 1, NG - 1); }
-  };
-  auto store_x = [&](const Stage& st, int slot) {
-#pragma unroll
-    for (int r = 0; r < CPT; ++r)
-      if (tid + THREADS * r < BM * 8)
-        *reinterpret_cast<uint4*>(smem + slot * SLOT_BYTES + xdst + r * (THREADS / 8) * 128) = st.xc[r];
+  // every warp of a warpgroup issues its wgmmas; blocks past NT16 load zeros and are not stored
+  Stream units(x, qtiles, scales, zeros, M, K, NT16, KS, G, NG, Np, m0, ub, blk0, tid, lane);
+  auto store_x = [&](const typename Stream::Stage& st, int slot) {
+    units.store_x(st, smem + slot * SLOT_BYTES);
     fence_proxy_async();
   };
 
@@ -141,26 +89,18 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
     for (int e = 0; e < R; ++e) acc[i][e] = 0.f;
   u32 afr[2][TW][4];   // fragment buffers of even / odd k16 steps
 
-  auto compute = [&](const Stage& st, u32 slot_addr) {
+  auto compute = [&](const typename Stream::Stage& st, u32 slot_addr) {
 #pragma unroll
     for (int h = 0; h < SZ; ++h) {
-      WeightDecoder<T> dec[TW];
-      u32 slo[TW], shi[TW];
+      ScaledDecoder<T> dec[TW];
 #pragma unroll
-      for (int i = 0; i < TW; ++i) {
-        dec[i].set_zeros(st.z[h][i]);
-        slo[i] = bcast_lo(st.s[h][i]);
-        shi[i] = bcast_hi(st.s[h][i]);
-      }
+      for (int i = 0; i < TW; ++i) dec[i].set(st.z[h][i], st.s[h][i]);
 #pragma unroll
       for (int tt = 0; tt < 4 / SZ; ++tt) {
         const int t = h * (4 / SZ) + tt;
         wait<1>();                                     // step t - 2 (buffer t & 1) has finished
 #pragma unroll
-        for (int i = 0; i < TW; ++i) {
-          scaled_a_fragment(dec[i], t == 0 ? st.w[i].x : t == 1 ? st.w[i].y : t == 2 ? st.w[i].z : st.w[i].w,
-                            slo[i], shi[i], afr[t & 1][i]);
-        }
+        for (int i = 0; i < TW; ++i) dec[i].fragment(awq_units::word(st.w[i], t), afr[t & 1][i]);
         fence();
         const u64 desc = desc_sw128(slot_addr + 32 * t);
 #pragma unroll
@@ -171,10 +111,10 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
   };
 
   // Prologue: P - 1 units in registers, unit 0's x in slot 0.
-  Stage st[P];
+  typename Stream::Stage st[P];
 #pragma unroll
   for (int j = 0; j < P - 1; ++j)
-    if (j < n) load(st[j]);
+    if (j < n) units.load(st[j]);
   store_x(st[0], 0);
   __syncthreads();
 #pragma unroll
@@ -186,7 +126,7 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
     for (int j = 0; j < P; ++j) {
       const int u = it + j;
       if (u >= n) break;
-      if (u + P - 1 < n) load(st[(j + P - 1) % P]);
+      if (u + P - 1 < n) units.load(st[(j + P - 1) % P]);
       compute(st[j], smem0 + slot * SLOT_BYTES);
       slot = slot == SLOTS - 1 ? 0 : slot + 1;
       // slot of unit u + 1 was last read by unit u - 2, whose wgmmas every warpgroup saw finish before the
@@ -199,27 +139,6 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
 #pragma unroll
   for (int i = 0; i < TW; ++i) pin(acc[i]);
 
-  // Accumulator 4 j + e of (i): channel 16 (blk0 + i) + g8 + 8 (e >> 1), token m0 + 8 j + 2 t4 + (e & 1).
-  const int t4 = lane & 3;
-  const bool split = gridDim.y > 1;
-#pragma unroll
-  for (int i = 0; i < TW; ++i) {
-    if (i >= nvalid) continue;
-#pragma unroll
-    for (int e2 = 0; e2 < 2; ++e2) {
-      const int ch = 16 * (blk0 + i) + g8 + 8 * e2;
-      if (ch >= N) continue;
-      const float bv = (!split && bias != nullptr) ? Traits<T>::to_float(bias[ch]) : 0.f;
-#pragma unroll
-      for (int j = 0; j < NB; ++j)
-#pragma unroll
-        for (int e1 = 0; e1 < 2; ++e1) {
-          const int tok = m0 + 8 * j + 2 * t4 + e1;
-          if (tok >= M) continue;
-          const float v = acc[i][4 * j + 2 * e2 + e1];
-          if (split) ws[((long long)blockIdx.y * M + tok) * Np + ch] = v;
-          else y[(long long)tok * N + ch] = Traits<T>::from_float(v + bv);
-        }
-    }
-  }
+  store_swapped_tile<T, TW, NB>([&](int i, int j, int e) { return acc[i][4 * j + e]; }, bias, y, ws, M, N, Np, m0,
+                                blk0, units.nvalid, lane);
 }
