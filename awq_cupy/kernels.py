@@ -95,15 +95,9 @@ GEMM_WG_SHAPES = ((2, 2, 5), (4, 2, 4), (4, 4, 3), (8, 2, 3), (16, 2, 2), (16, 1
 GEMM_WG_DEFAULT = {16: (2, 2, 5), 32: (4, 2, 4), 64: (8, 2, 3), 128: (16, 2, 2), 256: (32, 1, 2)}
 
 
-GEMM_WG_INFLIGHT = 1          # wgmma groups left running while a warp decodes the next step (1 or 3)
-GEMM_WG_INFLIGHT_ALL = (1, 3)
-
-
-def gemm_wg_variant(dtype: str, token_blocks: int, tiles: int, depth: int, aligned: bool,
-                    inflight: int | None = None) -> str:
-    d = GEMM_WG_INFLIGHT if inflight is None else inflight
+def gemm_wg_variant(dtype: str, token_blocks: int, tiles: int, depth: int, aligned: bool) -> str:
     return (f"awq_gemm_wg_kernel<{CTYPE[dtype]}, {token_blocks}, {tiles}, {depth}, "
-            f"{'true' if aligned else 'false'}, {d}>")
+            f"{'true' if aligned else 'false'}>")
 
 
 def gemm_wg_smem_bytes(token_blocks: int) -> int:
@@ -112,9 +106,8 @@ def gemm_wg_smem_bytes(token_blocks: int) -> int:
 
 
 GEMM_WG = KernelFamily("gemm_wg", "gemm_wg.cu",
-                       lambda arch: tuple(gemm_wg_variant(d, nb, tw, p, ga, q) for d in gemm_dtypes(arch)
-                                          for nb, tw, p in GEMM_WG_SHAPES for ga in (True, False)
-                                          for q in GEMM_WG_INFLIGHT_ALL),
+                       lambda arch: tuple(gemm_wg_variant(d, nb, tw, p, ga) for d in gemm_dtypes(arch)
+                                          for nb, tw, p in GEMM_WG_SHAPES for ga in (True, False)),
                        hot=True, min_cc=90, arch_specific=True)
 
 BENCH_UTIL = KernelFamily("bench_util", "bench_util.cu", lambda arch: ("awq_spin_kernel", "awq_touch_kernel", "awq_stream_probe_kernel",

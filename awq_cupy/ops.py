@@ -448,7 +448,7 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
 
 
 def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, tiles=None, splits=None,
-                 wgmma=None, inflight=None):
+                 wgmma=None):
     from .kernels import (GEMM_WARPS, gemm_sw_smem_bytes, gemm_sw_variant, gemm_wg_smem_bytes, gemm_wg_variant,
                           kernel, reduce_variant)
 
@@ -456,7 +456,7 @@ def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, 
     nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wg)
     aligned = w.group_size % 64 == 0 or w.NG == 1
     if wg:
-        gk = kernel("gemm_wg", gemm_wg_variant(kind, nb, tw, depth, aligned, inflight), w.device)
+        gk = kernel("gemm_wg", gemm_wg_variant(kind, nb, tw, depth, aligned), w.device)
         smem = gemm_wg_smem_bytes(nb)
     else:
         gk = kernel("gemm_tc", gemm_sw_variant(kind, nb, tw, depth, aligned), w.device)

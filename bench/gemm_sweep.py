@@ -13,7 +13,7 @@ import numpy as np
 from awq_cupy import ops
 from awq_cupy.bench import MODELS, Timer, rotated_weights
 from awq_cupy.jit import arch_of_device
-from awq_cupy.kernels import GEMM_WG_INFLIGHT_ALL, GEMM_WG_SHAPES
+from awq_cupy.kernels import GEMM_WG_SHAPES
 
 ms = [int(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else [16, 32, 64, 128, 256]
 arch = arch_of_device(0)
@@ -35,21 +35,19 @@ for name, K, N in MODELS["mistral-7b"]:
             return timer(lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, "float16", arch, sms, False, **kw),
                          max(20, nq), 3)
 
-        row = {"sw": t(wgmma=False)} if M <= 64 else {}
+        row = {"sw": t(wgmma=False)}
         res = []
         if wg:
-            for q in GEMM_WG_INFLIGHT_ALL:
-                row[f"wg{q}"] = t(wgmma=True, inflight=q)
+            row["wg"] = t(wgmma=True)
             pp = ops.plan_gemm(M, K, N, G, wgmma=True, sm_count=sms)
             for nb, tw, _ in GEMM_WG_SHAPES:
                 if ops.gemm_token_tile(M, True) != 8 * nb:
                     continue
-                for sp in sorted({1, 2, 4, pp["splits"]}):
+                for sp in sorted({1, 2, 4, 8, pp["splits"]}):
                     if sp <= max(1, KS // 2):
-                        for q in GEMM_WG_INFLIGHT_ALL:
-                            res.append((t(wgmma=True, tiles=tw, splits=sp, inflight=q), f"tw{tw}d{q}", sp))
+                        res.append((t(wgmma=True, tiles=tw, splits=sp), f"tw{tw}", sp))
             res.sort()
-            row["best"] = min([res[0][0]] + [v for k, v in row.items() if k.startswith("wg")])
+            row["best"] = min(res[0][0], row["wg"])
         for k, v in row.items():
             sums[(M, k)] = sums.get((M, k), 0.0) + v
         plan = f"(tw{pp['tiles']},s{pp['splits']})" if wg else ""
@@ -58,4 +56,4 @@ for name, K, N in MODELS["mistral-7b"]:
     del wq
     cp.get_default_memory_pool().free_all_blocks()
 for M in ms:
-    print(f"sum M={M:4d}  " + "  ".join(f"{k} {sums[(M, k)]:7.1f}us" for (m, k) in sums if m == M))
+    print(f"sum M={M:4d}  " + "  ".join(f"{k} {sums[(M, k)]:7.1f}us" for k in ("sw", "wg", "best") if (M, k) in sums))

@@ -46,7 +46,7 @@ AWQ_DEVICE u64 desc_sw128(u32 addr) {
 }
 }  // namespace awq_wg
 
-template <typename T, int NB, int TW, int P, bool GA, int D>
+template <typename T, int NB, int TW, int P, bool GA>
 __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
     const T* __restrict__ x,          // [M, K] activations
     const uint4* __restrict__ qtiles, // [NT16][KS][32] weight blocks
@@ -61,8 +61,6 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
     int units_per_split) {
   using namespace awq_wg;
   static_assert(P >= 2, "at least one unit loaded ahead");
-  static_assert(D == 1 || D == 3, "D + 1 fragment buffers must divide the 4 k16 steps of a unit");
-  constexpr int FB = D + 1;
   constexpr int BM = 8 * NB, SZ = GA ? 1 : 2, R = BM / 2;
   constexpr int SLOT_BYTES = BM * 128;
   using Stream = UnitStream<T, TW, SZ, BM, THREADS>;
@@ -89,7 +87,7 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
   for (int i = 0; i < TW; ++i)
 #pragma unroll
     for (int e = 0; e < R; ++e) acc[i][e] = 0.f;
-  u32 afr[FB][TW][4];   // fragment buffers: step t uses t % FB
+  u32 afr[2][TW][4];   // fragment buffers of even / odd k16 steps
 
   auto compute = [&](const typename Stream::Stage& st, u32 slot_addr) {
 #pragma unroll
@@ -100,13 +98,13 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
 #pragma unroll
       for (int tt = 0; tt < 4 / SZ; ++tt) {
         const int t = h * (4 / SZ) + tt;
-        wait<D>();                                     // step t - D - 1 (buffer t % FB) has finished
+        wait<1>();                                     // step t - 2 (buffer t & 1) has finished
 #pragma unroll
-        for (int i = 0; i < TW; ++i) dec[i].fragment(awq_units::word(st.w[i], t), afr[t % FB][i]);
+        for (int i = 0; i < TW; ++i) dec[i].fragment(awq_units::word(st.w[i], t), afr[t & 1][i]);
         fence();
         const u64 desc = desc_sw128(slot_addr + 32 * t);
 #pragma unroll
-        for (int i = 0; i < TW; ++i) Wgmma<T, BM>::run(acc[i], afr[t % FB][i], desc);
+        for (int i = 0; i < TW; ++i) Wgmma<T, BM>::run(acc[i], afr[t & 1][i], desc);
         commit();
       }
     }
