@@ -91,8 +91,9 @@ GEMV_TC = KernelFamily("gemv_tc", "gemv_tc.cu",
 
 # Hopper warpgroup-MMA GEMM (kernels_cu/gemm_wg.cu, sm_90a only): (token blocks of 8 = wgmma N / 8, 16-column
 # blocks per warp, units in registers); 8 warps per CTA; GA as for the GEMV.
-GEMM_WG_SHAPES = ((2, 2, 5), (4, 2, 4), (4, 4, 3), (8, 2, 3), (16, 2, 2), (16, 1, 3), (32, 1, 2))
-GEMM_WG_DEFAULT = {16: (2, 2, 5), 32: (4, 2, 4), 64: (8, 2, 3), 128: (16, 2, 2), 256: (32, 1, 2)}
+GEMM_WG_SHAPES = ((2, 2, 5), (4, 2, 4), (4, 4, 3), (8, 2, 4), (16, 2, 3), (16, 1, 4), (32, 1, 4))
+GEMM_WG_DEFAULT = {16: (2, 2, 5), 32: (4, 2, 4), 64: (8, 2, 4), 128: (16, 2, 3), 256: (32, 1, 4)}
+GEMM_WG_SLOTS = 6   # x slots of awq_gemm_wg_kernel (awq_wg::SLOTS)
 
 
 def gemm_wg_variant(dtype: str, token_blocks: int, tiles: int, depth: int, aligned: bool) -> str:
@@ -101,13 +102,19 @@ def gemm_wg_variant(dtype: str, token_blocks: int, tiles: int, depth: int, align
 
 
 def gemm_wg_smem_bytes(token_blocks: int) -> int:
-    """Dynamic shared memory of awq_gemm_wg_kernel: three x slots of 8 NB rows x 128 B, plus 1 KB to align them."""
-    return 3 * 8 * token_blocks * 128 + 1024
+    """Dynamic shared memory of awq_gemm_wg_kernel: GEMM_WG_SLOTS x slots of 8 NB rows x 128 B, plus 1 KB to
+    align them."""
+    return GEMM_WG_SLOTS * 8 * token_blocks * 128 + 1024
+
+
+def tile_x_variant(dtype: str) -> str:
+    return f"awq_tile_x_kernel<{CTYPE[dtype]}>"
 
 
 GEMM_WG = KernelFamily("gemm_wg", "gemm_wg.cu",
                        lambda arch: tuple(gemm_wg_variant(d, nb, tw, p, ga) for d in gemm_dtypes(arch)
-                                          for nb, tw, p in GEMM_WG_SHAPES for ga in (True, False)),
+                                          for nb, tw, p in GEMM_WG_SHAPES for ga in (True, False))
+                       + tuple(tile_x_variant(d) for d in gemm_dtypes(arch)),
                        hot=True, min_cc=90, arch_specific=True)
 
 BENCH_UTIL = KernelFamily("bench_util", "bench_util.cu", lambda arch: ("awq_spin_kernel", "awq_touch_kernel", "awq_stream_probe_kernel",

@@ -180,15 +180,16 @@ def plan_splits(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: i
 _workspaces: dict = {}
 
 
-def _workspace(nfloats: int, device_id: int):
-    """An fp32 scratch buffer for split-K partials, private to (device, current stream), never freed.
+def _workspace(nfloats: int, device_id: int, what: str = "partials"):
+    """An fp32-sized scratch buffer, one per (device, current stream, ``what``: "partials" for split-K,
+    "x_tiles" for the wgmma GEMM's tiled x), never freed.
 
     It lives as long as the process so that a CUDA graph captured around ``matmul`` keeps pointing at valid
     memory; growing it keeps the old buffer alive for graphs that captured it."""
     import cupy
 
     stream = cupy.cuda.get_current_stream().ptr
-    key = (device_id, stream)
+    key = (device_id, stream, what)
     bufs = _workspaces.setdefault(key, [])
     if not bufs or bufs[-1].size < nfloats:
         bufs.append(cupy.empty(max(nfloats, 1 << 16), dtype=cupy.float32))
@@ -450,7 +451,7 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
 def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, tiles=None, splits=None,
                  wgmma=None):
     from .kernels import (GEMM_WARPS, gemm_sw_smem_bytes, gemm_sw_variant, gemm_wg_smem_bytes, gemm_wg_variant,
-                          kernel, reduce_variant)
+                          kernel, reduce_variant, tile_x_variant)
 
     wg = uses_wgmma(arch, None if batch_invariant else M) if wgmma is None else wgmma
     nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wg)
@@ -467,8 +468,16 @@ def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, 
                   splits=splits, batch_invariant=batch_invariant)
     Np = w.NT * 64
     ws = _workspace(p["splits"] * M * Np, w.device) if p["splits"] > 1 else _NULL
+    xin = x2
+    if wg:   # x as per-(token tile, 64-k unit) shared-memory images, each brought in by one bulk copy
+        m_tiles, BM = p["grid"][2], 8 * nb
+        chunks = m_tiles * w.KS * BM * 8
+        xin = _workspace(chunks * 4, w.device, "x_tiles")
+        kernel("gemm_wg", tile_x_variant(kind), w.device).launch(
+            (min(-(-chunks // 256), 1 << 16),), (256,),
+            (x2, xin, as_i32(M), as_i32(w.K), as_i32(w.KS), as_i32(BM), np.int64(chunks)))
     gk.launch(p["grid"], (32 * GEMM_WARPS,),
-              (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, ws, as_i32(M), as_i32(w.N), as_i32(w.K),
+              (xin, w.qtiles, w.scales, w.zeros, bias_arg, y2, ws, as_i32(M), as_i32(w.N), as_i32(w.K),
                as_i32(p["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(Np), as_i32(p["per"])),
               smem=p["smem"])
     if p["splits"] > 1:

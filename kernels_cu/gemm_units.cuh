@@ -35,12 +35,13 @@ template <typename T> struct ScaledDecoder {
 // words (streaming hint), their scale and zero words for the unit's SZ groups (SZ = 2 when G % 64 == 32) and this
 // thread's CPT 16-byte chunks of the BM x 64 x tile (zero past M and K). load() fills a Stage and advances;
 // store_x() writes a Stage's chunks into a shared-memory slot (128-byte rows, swizzled by awq_units::swz).
-template <typename T, int TW, int SZ, int BM, int THREADS> struct UnitStream {
-  static constexpr int CPT = (BM * 8 + THREADS - 1) / THREADS;   // x chunks per thread per unit
+// WX = false: weights, scales and zeros only (the wgmma kernel brings x into shared memory by bulk copies).
+template <typename T, int TW, int SZ, int BM, int THREADS, bool WX = true> struct UnitStream {
+  static constexpr int CPT = WX ? (BM * 8 + THREADS - 1) / THREADS : 0;   // x chunks per thread per unit
   struct Stage {
     uint4 w[TW];
     u32 s[SZ][TW], z[SZ][TW];
-    uint4 xc[CPT];
+    uint4 xc[CPT > 0 ? CPT : 1];
   };
 
   // x chunk r of this thread: row tid / 8 + (THREADS / 8) r of the token tile, k offset 8 (tid % 8) of the unit;
@@ -95,7 +96,7 @@ template <typename T, int TW, int SZ, int BM, int THREADS> struct UnitStream {
         st.z[h][i] = i < nvalid ? __ldg(zeros + off + 8 * i) : 0u;
       }
     }
-    const bool kin = l_k + xk < K;
+    const bool kin = WX && l_k + xk < K;
 #pragma unroll
     for (int r = 0; r < CPT; ++r)
       st.xc[r] = (((xok >> r) & 1u) && kin) ? __ldg(reinterpret_cast<const uint4*>(xsrc + r * xstep + l_k))

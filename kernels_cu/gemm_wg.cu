@@ -11,14 +11,20 @@
 //   T((q - z) * s) with one rounding. A warpgroup's 4 warps make the 64 rows of one wgmma.
 // - B (x^T) comes from shared memory: per 64-k unit BM = 8 NB token rows of 128 bytes, 16-byte chunks XOR-swizzled
 //   by row (the 128-byte swizzle of the wgmma descriptor, slots 1024-byte aligned); k16 step t starts 32 t bytes in.
-// Pipeline: weights, scales and x chunks of unit u + P - 1 are loaded into registers while unit u runs (no
-// cp.async: it does not overlap on the H200, v10); after unit u a thread stores its x chunks of unit u + 1 into
-// one of three slots, fences them for the async proxy and the CTA meets at one barrier. Per k16 step a warp
-// waits until at most one wgmma group is pending (so the fragment buffer it is about to overwrite, used two steps
-// ago, is free, and every slot but the last two is no longer read), decodes, fences and issues TW wgmma.
+// Pipeline: x is first laid out by awq_tile_x_kernel as the exact shared-memory image of each (token tile, 64-k
+// unit): BM rows of 128 B, swizzled, zero past M and K. One thread requests unit u + SLOTS - 2 with a single bulk
+// copy (cp.async.bulk, completion counted in bytes on the slot's mbarrier) at the start of unit u, so up to
+// SLOTS - 2 units of x are in flight without registers (v13: with x staged through registers, loads issued one
+// unit ahead left the tensor pipe 64% idle on long-scoreboard stalls at M = 1024). Weights, scales and zeros of
+// unit u + P - 1 are loaded into registers while unit u runs (plain loads; a cp.async ring does not overlap on the
+// H200, v10). Per unit every thread waits for its slot's mbarrier phase, and the CTA meets at one barrier after
+// the unit, so that the slot refilled next (that of unit u - 1) is no longer read. Per k16 step a warp waits until
+// at most one wgmma group is pending (so the fragment buffer it is about to overwrite, used two steps ago, is
+// free, and at the barrier after unit u every wgmma of unit u - 1 has finished), decodes, fences and issues TW
+// wgmma.
 // Work split: CTA = 8 warps (2 warpgroups) x TW 16-column blocks per warp x BM tokens; grid (column tiles, splits,
 // token tiles); split-K partials summed by awq_splitk_reduce_kernel (gemm_tc.cu) in split order.
-// Variants: T x (NB, TW, P) x GA (table: awq_cupy/kernels.py GEMM_WG_SHAPES).
+// Variants: T x (NB, TW, P) x GA (table: awq_cupy/kernels.py GEMM_WG_SHAPES); awq_tile_x_kernel per T.
 #include "common.cuh"
 #include "gemm_units.cuh"
 #include "wgmma.cuh"
@@ -26,13 +32,11 @@
 namespace awq_wg {
 constexpr int WARPS = 8;
 constexpr int THREADS = 32 * WARPS;
-constexpr int SLOTS = 3;
+constexpr int SLOTS = 6;   // x slots: SLOTS - 2 units requested ahead
 
 AWQ_DEVICE void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 AWQ_DEVICE void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> AWQ_DEVICE void wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-// Generic-proxy stores to shared memory become visible to wgmma (async proxy) reads.
-AWQ_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Keep the compiler from moving accesses of an accumulator across the asynchronous MMAs.
 template <int R> AWQ_DEVICE void pin(float (&d)[R]) {
 #pragma unroll
@@ -44,11 +48,53 @@ template <int R> AWQ_DEVICE void pin(float (&d)[R]) {
 AWQ_DEVICE u64 desc_sw128(u32 addr) {
   return (u64)((addr & 0x3FFFFu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
 }
+// mbarrier with one arrival per phase (the requesting thread's expect_tx) plus the bulk copy's bytes.
+AWQ_DEVICE void mbar_init(u32 bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+}
+AWQ_DEVICE void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// bytes (a multiple of 16, both addresses 16-byte aligned) from global src to shared dst, counted on bar.
+AWQ_DEVICE void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+// Until the barrier's phase with this parity has completed.
+AWQ_DEVICE void mbar_wait(u32 bar, u32 parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "AWQ_MBAR_WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra AWQ_MBAR_WAIT_%=;\n"
+      "}\n" ::"r"(bar), "r"(parity) : "memory");
+}
 }  // namespace awq_wg
+
+// x [M, K] -> xt [ceil(M / BM)][KS][BM][64]: per (token tile, 64-k unit) the shared-memory image the GEMM copies
+// in one piece (16-byte chunk c of row r at chunk c ^ (r % 8) of the row, awq_units::swz); zero for rows >= M and
+// k >= K. One thread per 16-byte chunk, grid-stride; reads are coalesced 128-byte rows.
+template <typename T>
+__global__ void __launch_bounds__(256) awq_tile_x_kernel(const T* __restrict__ x, uint4* __restrict__ xt, int M,
+                                                       int K, int KS, int BM, long long chunks) {
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < chunks;
+       i += (long long)gridDim.x * blockDim.x) {
+    const int c = (int)(i & 7);
+    const long long rest = i >> 3;
+    const int r = (int)(rest % BM);
+    const long long tu = rest / BM;               // token tile * KS + unit
+    const int ks = (int)(tu % KS);
+    const long long m = (tu / KS) * BM + r;
+    const int k = 64 * ks + 8 * c;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (m < M && k < K) v = __ldg(reinterpret_cast<const uint4*>(x + m * K + k));
+    xt[(tu * BM + r) * 8 + (c ^ (r & 7))] = v;      // the chunk order of awq_units::swz
+  }
+}
 
 template <typename T, int NB, int TW, int P, bool GA>
 __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
-    const T* __restrict__ x,          // [M, K] activations
+    const T* __restrict__ xt,         // [M tiles][KS][BM][64] x tiles (awq_tile_x_kernel)
     const uint4* __restrict__ qtiles, // [NT16][KS][32] weight blocks
     const u32* __restrict__ scales,   // [NG, Np] permuted scales, as u32 pairs
     const u32* __restrict__ zeros,    // [NG, Np] permuted MAGIC + z, as u32 pairs
@@ -63,12 +109,13 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
   static_assert(P >= 2, "at least one unit loaded ahead");
   constexpr int BM = 8 * NB, SZ = GA ? 1 : 2, R = BM / 2;
   constexpr int SLOT_BYTES = BM * 128;
-  using Stream = UnitStream<T, TW, SZ, BM, THREADS>;
+  using Stream = UnitStream<T, TW, SZ, BM, THREADS, false>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ __align__(8) unsigned long long bars[SLOTS];
   // slots 1024-byte aligned (the swizzle pattern repeats every 8 rows of 128 B); the launch adds 1 KB
   const u32 raw0 = smem_addr(smem_raw);
   const u32 smem0 = (raw0 + 1023u) & ~1023u;
-  unsigned char* smem = smem_raw + (smem0 - raw0);
+  const u32 bar0 = smem_addr(bars);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int m0 = blockIdx.z * BM;
@@ -76,11 +123,18 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
   const int n = min(KS, ub + units_per_split) - ub;      // units of this split (>= 1 by the plan)
   const int blk0 = (blockIdx.x * WARPS + warp) * TW;      // this warp's first 16-column block
   // every warp of a warpgroup issues its wgmmas; blocks past NT16 load zeros and are not stored
-  Stream units(x, qtiles, scales, zeros, M, K, NT16, KS, G, NG, Np, m0, ub, blk0, tid, lane);
-  auto store_x = [&](const typename Stream::Stage& st, int slot) {
-    units.store_x(st, smem + slot * SLOT_BYTES);
-    fence_proxy_async();
+  Stream units(xt, qtiles, scales, zeros, M, K, NT16, KS, G, NG, Np, m0, ub, blk0, tid, lane);
+  const T* xsrc = xt + ((long long)blockIdx.z * KS + ub) * (BM * 64);   // this split's first x tile
+  auto request = [&](int v) {   // thread 0: unit v's x tile into slot v % SLOTS
+    const int s = v % SLOTS;
+    bulk_load(smem0 + s * SLOT_BYTES, xsrc + (long long)v * (BM * 64), SLOT_BYTES, bar0 + 8 * s);
   };
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) mbar_init(bar0 + 8 * s);
+    mbar_init_fence();
+    for (int v = 0; v < min(n, SLOTS - 2); ++v) request(v);
+  }
 
   float acc[TW][R];
 #pragma unroll
@@ -110,28 +164,32 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
     }
   };
 
-  // Prologue: P - 1 units in registers, unit 0's x in slot 0.
+  // Prologue: P - 1 units of weights in registers; the barriers initialised before anyone waits on them.
   typename Stream::Stage st[P];
 #pragma unroll
   for (int j = 0; j < P - 1; ++j)
     if (j < n) units.load(st[j]);
-  store_x(st[0], 0);
   __syncthreads();
 #pragma unroll
   for (int i = 0; i < TW; ++i) pin(acc[i]);
 
   int slot = 0;
+  u32 phase = 0;
   for (int it = 0; it < n; it += P) {
 #pragma unroll
     for (int j = 0; j < P; ++j) {
       const int u = it + j;
       if (u >= n) break;
-      if (u + P - 1 < n) units.load(st[(j + P - 1) % P]);
-      compute(st[j], smem0 + slot * SLOT_BYTES);
-      slot = slot == SLOTS - 1 ? 0 : slot + 1;
-      // slot of unit u + 1 was last read by unit u - 2, whose wgmmas every warpgroup saw finish before the
+      // slot of unit u + SLOTS - 2 = that of unit u - 2, whose wgmmas every warpgroup saw finish before the
       // previous barrier (its waits at the steps of unit u - 1)
-      if (u + 1 < n) store_x(st[(j + 1) % P], slot);
+      if (tid == 0 && u + SLOTS - 2 < n) request(u + SLOTS - 2);
+      if (u + P - 1 < n) units.load(st[(j + P - 1) % P]);
+      mbar_wait(bar0 + 8 * slot, phase);
+      compute(st[j], smem0 + slot * SLOT_BYTES);
+      if (++slot == SLOTS) {
+        slot = 0;
+        phase ^= 1u;
+      }
       __syncthreads();
     }
   }
