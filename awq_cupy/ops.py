@@ -400,21 +400,23 @@ def gemm_token_tile(M: int, wgmma: bool = False) -> int:
     return next((t for t in tiles if t >= M), tiles[-1])
 
 
-def gemm_shape_for(M: int, tiles: int | None = None, *, wgmma: bool = False) -> tuple[int, int, int]:
+def gemm_shape_for(M: int, tiles: int | None = None, *, wgmma: bool = False,
+                   depth: int | None = None) -> tuple[int, int, int]:
     """(token blocks of 8, 16-column blocks per warp, units in registers) of the GEMM for M rows: the default shape
-    of M's token tile, or the instantiated one with ``tiles`` column blocks per warp."""
+    of M's token tile, or the instantiated one with ``tiles`` column blocks per warp (and ``depth`` units)."""
     shapes, default = _gemm_table(wgmma)
     tile = gemm_token_tile(M, wgmma)
     for s in (default[tile],) + shapes:
-        if 8 * s[0] == tile and tiles in (None, s[1]):
+        if 8 * s[0] == tile and tiles in (None, s[1]) and depth in (None, s[2]):
             return s
-    raise ValueError(f"tiles={tiles} is not a GEMM variant for M={M} (token tile {tile}); instantiated "
+    what = f"tiles={tiles}" + (f", depth={depth}" if depth is not None else "")
+    raise ValueError(f"{what} is not a GEMM variant for M={M} (token tile {tile}); instantiated "
                      f"(token blocks, tiles, depth): {shapes}")
 
 
 def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, sm_count: int = 132,
               resident: int | None = None, tiles: int | None = None, splits: int | None = None,
-              batch_invariant: bool = False) -> dict:
+              batch_invariant: bool = False, depth: int | None = None) -> dict:
     """Launch plan of the GEMM (wgmma: the sm_90a kernel, else the mma.sync one): dict(token_blocks, tiles, depth,
     aligned, grid, splits, per, smem, NT16). ``resident`` = CTAs the GPU holds at once (default one per SM).
     Split-K from ``plan_splits`` with the unit-time model unless ``splits`` is given. ``batch_invariant``: the
@@ -424,7 +426,7 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
 
     if M < 1:
         raise ValueError(f"M={M}: the GEMM needs at least one row")
-    nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wgmma)
+    nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wgmma, depth=depth)
     Kp, Np = padded_sizes(K, N)
     NT16, KS = Np // 16, Kp // 64
     n_ctas = -(-NT16 // (GEMM_WARPS * tw))
@@ -449,12 +451,12 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
 
 
 def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, tiles=None, splits=None,
-                 wgmma=None):
+                 wgmma=None, depth=None):
     from .kernels import (GEMM_WARPS, gemm_sw_smem_bytes, gemm_sw_variant, gemm_wg_smem_bytes, gemm_wg_variant,
                           kernel, reduce_variant, tile_x_variant)
 
     wg = uses_wgmma(arch, None if batch_invariant else M) if wgmma is None else wgmma
-    nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wg)
+    nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wg, depth=depth)
     aligned = w.group_size % 64 == 0 or w.NG == 1
     if wg:
         gk = kernel("gemm_wg", gemm_wg_variant(kind, nb, tw, depth, aligned), w.device)
@@ -465,7 +467,7 @@ def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, 
     # batch-invariant plans must not depend on this M's variant: one CTA per SM
     resident = sm_count if batch_invariant else gk.resident_blocks(32 * GEMM_WARPS, smem) * sm_count
     p = plan_gemm(M, w.K, w.N, w.group_size, wgmma=wg, sm_count=sm_count, resident=resident, tiles=tw,
-                  splits=splits, batch_invariant=batch_invariant)
+                  splits=splits, batch_invariant=batch_invariant, depth=depth)
     Np = w.NT * 64
     ws = _workspace(p["splits"] * M * Np, w.device) if p["splits"] > 1 else _NULL
     xin = x2

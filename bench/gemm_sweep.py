@@ -1,10 +1,12 @@
 """Sweep the GEMM's launch parameters on the Mistral-7B layers, timed like `python -m awq_cupy bench` (queue
 preloaded, weights rotated). Usage:
-    python3 bench/gemm_sweep.py [M,...]   (default 16,32,64,128,256)
-Per (layer, M): the mma.sync kernel (gemm_tc.cu) and the wgmma kernel (gemm_wg.cu, sm_90 only) with their planned
-launches, then the best few (column blocks per warp, split count) of the wgmma kernel's shapes for M's token tile;
-then the sums.
+    python3 bench/gemm_sweep.py [M,...] [json path]   (default 16,32,64,128,256)
+Per (layer, M): the mma.sync kernel (gemm_tc.cu, M <= 32) and the wgmma kernel (gemm_wg.cu, sm_90 only) with
+their planned launches, then every instantiated wgmma shape (token blocks, column blocks per warp, depth) of M's
+token tile at split counts 1, 2, 4, 8 and the planned one. Prints the best five per (layer, M) and the sums;
+the JSON holds every measurement with the plan's split count and CTAs per SM (for the cost model).
 """
+import json
 import sys
 
 import cupy as cp
@@ -13,15 +15,17 @@ import numpy as np
 from awq_cupy import ops
 from awq_cupy.bench import MODELS, Timer, rotated_weights
 from awq_cupy.jit import arch_of_device
-from awq_cupy.kernels import GEMM_WG_SHAPES
+from awq_cupy.kernels import GEMM_WARPS, GEMM_WG_SHAPES, gemm_wg_smem_bytes, gemm_wg_variant, kernel
 
 ms = [int(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else [16, 32, 64, 128, 256]
+out = sys.argv[2] if len(sys.argv) > 2 else None
 arch = arch_of_device(0)
 wg = ops.has_wgmma(arch)
 sms = ops._sm_count(0)
 timer = Timer()
 rng = np.random.default_rng(0)
 sums = {}
+records = []
 for name, K, N in MODELS["mistral-7b"]:
     G = 128
     wq = rotated_weights(rng, K, N, G)
@@ -35,25 +39,33 @@ for name, K, N in MODELS["mistral-7b"]:
             return timer(lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, "float16", arch, sms, False, **kw),
                          max(20, nq), 3)
 
-        row = {"sw": t(wgmma=False)}
+        row = {"sw": t(wgmma=False)} if M <= 32 else {}
         res = []
         if wg:
             row["wg"] = t(wgmma=True)
-            pp = ops.plan_gemm(M, K, N, G, wgmma=True, sm_count=sms)
-            for nb, tw, _ in GEMM_WG_SHAPES:
+            for nb, tw, p in GEMM_WG_SHAPES:
                 if ops.gemm_token_tile(M, True) != 8 * nb:
                     continue
+                per_sm = kernel("gemm_wg", gemm_wg_variant("float16", nb, tw, p, True)).resident_blocks(
+                    32 * GEMM_WARPS, gemm_wg_smem_bytes(nb))
+                pp = ops.plan_gemm(M, K, N, G, wgmma=True, sm_count=sms, resident=per_sm * sms, tiles=tw, depth=p)
                 for sp in sorted({1, 2, 4, 8, pp["splits"]}):
                     if sp <= max(1, KS // 2):
-                        res.append((t(wgmma=True, tiles=tw, splits=sp), f"tw{tw}", sp))
+                        us = t(wgmma=True, tiles=tw, depth=p, splits=sp)
+                        res.append((us, f"{nb},{tw},{p}", sp))
+                        records.append(dict(layer=name, K=K, N=N, M=M, shape=[nb, tw, p], splits=sp, us=us,
+                                            planned=sp == pp["splits"], per_sm=per_sm, grid=pp["grid"][0] *
+                                            pp["grid"][2]))
             res.sort()
             row["best"] = min(res[0][0], row["wg"])
         for k, v in row.items():
             sums[(M, k)] = sums.get((M, k), 0.0) + v
-        plan = f"(tw{pp['tiles']},s{pp['splits']})" if wg else ""
-        print(f"{name:8s} M={M:4d} " + "  ".join(f"{k} {v:7.1f}" for k, v in row.items()) + f"  planned{plan}"
-              + ("  " + "  ".join(f"{c}/s{sp}:{us:.1f}" for us, c, sp in res[:5]) if res else ""), flush=True)
+        print(f"{name:8s} M={M:4d} " + "  ".join(f"{k} {v:7.1f}" for k, v in row.items())
+              + ("  " + "  ".join(f"({c})/s{sp}:{us:.1f}" for us, c, sp in res[:5]) if res else ""), flush=True)
     del wq
     cp.get_default_memory_pool().free_all_blocks()
 for M in ms:
     print(f"sum M={M:4d}  " + "  ".join(f"{k} {sums[(M, k)]:7.1f}us" for k in ("sw", "wg", "best") if (M, k) in sums))
+if out:
+    with open(out, "w") as f:
+        json.dump(records, f)
