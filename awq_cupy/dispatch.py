@@ -49,7 +49,9 @@ TABLE: dict[str, Dispatch] = {
     # (265 vs 357 us) and loses at M = 256 (506 vs 357 us). After v12 (NOTES v12): `tune` kept 12 and 256 (M = 12
     # GEMV 91.6 vs GEMM 94.1 us; M = 256 wgmma GEMM 393 vs 357 us); the mma.sync GEMM beats the wgmma one up to
     # M = 32 (104.0 vs 108.6 us) and loses from M = 48 (145.4 vs 124.7 us).
-    "90": Dispatch(gemv_max_m=12, cublas_min_m=256, wgmma_min_m=33),
+    # v13 (NOTES): the wgmma GEMM with x by bulk copies beats dequantize + cuBLAS at M = 256 (244.6 vs 357 us) and
+    # is level with it at M = 1024 (761 vs 743 us), so dequantize + cuBLAS runs from M = 1024.
+    "90": Dispatch(gemv_max_m=12, cublas_min_m=1024, wgmma_min_m=33),
     "default": Dispatch(gemv_max_m=12, cublas_min_m=256),
 }
 

@@ -91,8 +91,7 @@ GEMV_TC = KernelFamily("gemv_tc", "gemv_tc.cu",
 
 # Hopper warpgroup-MMA GEMM (kernels_cu/gemm_wg.cu, sm_90a only): (token blocks of 8 = wgmma N / 8, 16-column
 # blocks per warp, units in registers); 8 warps per CTA; GA as for the GEMV.
-GEMM_WG_SHAPES = ((2, 2, 5), (2, 2, 8), (2, 1, 8), (4, 2, 4), (4, 2, 8), (4, 1, 8), (4, 4, 3), (8, 2, 4), (8, 2, 6),
-                  (8, 1, 8), (16, 2, 3), (16, 1, 4), (16, 1, 6), (32, 1, 4), (32, 1, 6))
+GEMM_WG_SHAPES = ((2, 2, 5), (4, 2, 4), (4, 4, 3), (8, 2, 4), (16, 2, 3), (16, 1, 4), (32, 1, 4))
 GEMM_WG_DEFAULT = {16: (2, 2, 5), 32: (4, 2, 4), 64: (8, 2, 4), 128: (16, 1, 4), 256: (32, 1, 4)}
 GEMM_WG_SLOTS = 6   # x slots of awq_gemm_wg_kernel (awq_wg::SLOTS)
 

@@ -182,7 +182,7 @@ def test_all_formats_give_the_same_output(rng, K, N, G):
         np.testing.assert_array_equal(exact["marlin"], exact["gemm_z8"])
 
 
-@pytest.mark.parametrize("M", [256, 300, 513])
+@pytest.mark.parametrize("M", [1024, 1100])
 def test_cublas_path_and_fused_gemm_agree_with_reference(rng, M):
     from awq_cupy.ops import uses_cublas
 
