@@ -252,6 +252,25 @@ def test_plan_gemm_rejects_bad_arguments():
         plan_gemm(64, 4096, 4096, 128, tiles=3)
     with pytest.raises(ValueError, match="M=0"):
         plan_gemm(0, 4096, 4096, 128)
+    with pytest.raises(ValueError, match="tiles=1, depth=99 is not a GEMM variant"):
+        plan_gemm(64, 4096, 4096, 128, tiles=1, depth=99)
+
+
+@pytest.mark.parametrize("wgmma", [False, True])
+def test_gemm_shape_for_picks_the_depth_asked_for(wgmma):
+    for nb, tw, depth in kernels.GEMM_WG_SHAPES if wgmma else kernels.GEMM_SHAPES:
+        assert gemm_shape_for(8 * nb, tw, wgmma=wgmma, depth=depth) == (nb, tw, depth)
+        assert plan_gemm(8 * nb, 4096, 4096, 128, wgmma=wgmma, tiles=tw, depth=depth)["depth"] == depth
+
+
+def test_wgmma_smem_fits_the_h200_and_sm90_dispatch_uses_the_fused_gemm_below_1024():
+    from awq_cupy import dispatch
+    from awq_cupy.jit import ARCHS
+
+    for nb, _, _ in kernels.GEMM_WG_SHAPES:   # slots + alignment + the mbarriers, within 227 KB per block
+        assert kernels.gemm_wg_smem_bytes(nb) + 8 * kernels.GEMM_WG_SLOTS <= ARCHS["90a"].smem_optin
+    row = dispatch.TABLE["90"]
+    assert row.wgmma_min_m < 256 < 1023 < row.cublas_min_m
 
 
 def test_wgmma_only_on_compute_capability_9_and_from_the_tables_m(monkeypatch):
