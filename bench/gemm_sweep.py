@@ -1,6 +1,9 @@
 """Sweep the GEMM's launch parameters on the Mistral-7B layers, timed like `python -m awq_cupy bench` (queue
 preloaded, weights rotated). Usage:
-    python3 bench/gemm_sweep.py [M,...] [json path]   (default 16,32,64,128,256)
+    python3 bench/gemm_sweep.py [M,...] [json path] [extra wgmma shapes]   (default 16,32,64,128,256)
+Extra shapes, e.g. "2,2,8:8,1,8" (token blocks, column blocks per warp, depth), are instantiated for this run only.
+Every measurement is also logged to stderr as it completes (with the time since start), so a stalled launch shows
+which one it is.
 Per (layer, M): the mma.sync kernel (gemm_tc.cu, M <= 32) and the wgmma kernel (gemm_wg.cu, sm_90 only) with
 their planned launches, then every instantiated wgmma shape (token blocks, column blocks per warp, depth) of M's
 token tile at split counts 1, 2, 4, 8 and the planned one. Prints the best five per (layer, M) and the sums;
@@ -8,17 +11,22 @@ the JSON holds every measurement with the plan's split count and CTAs per SM (fo
 """
 import json
 import sys
+import time
 
 import cupy as cp
 import numpy as np
 
-from awq_cupy import ops
+from awq_cupy import kernels, ops
 from awq_cupy.bench import MODELS, Timer, rotated_weights
 from awq_cupy.jit import arch_of_device
-from awq_cupy.kernels import GEMM_WARPS, GEMM_WG_SHAPES, gemm_wg_smem_bytes, gemm_wg_variant, kernel
+from awq_cupy.kernels import GEMM_WARPS, gemm_wg_smem_bytes, gemm_wg_variant, kernel
 
 ms = [int(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else [16, 32, 64, 128, 256]
-out = sys.argv[2] if len(sys.argv) > 2 else None
+out = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "-" else None
+if len(sys.argv) > 3:   # extra shapes: instantiated before anything compiles
+    extra = tuple(tuple(int(v) for v in s.split(",")) for s in sys.argv[3].split(":"))
+    kernels.GEMM_WG_SHAPES = kernels.GEMM_WG_SHAPES + tuple(e for e in extra if e not in kernels.GEMM_WG_SHAPES)
+t_start = time.perf_counter()
 arch = arch_of_device(0)
 wg = ops.has_wgmma(arch)
 sms = ops._sm_count(0)
@@ -36,14 +44,17 @@ for name, K, N in MODELS["mistral-7b"]:
         y = cp.empty((M, N), cp.float16)
 
         def t(**kw):
-            return timer(lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, "float16", arch, sms, False, **kw),
-                         max(20, nq), 3)
+            print(f"[{time.perf_counter() - t_start:7.1f}s] {name} M={M} {kw} ...", end="", file=sys.stderr, flush=True)
+            us = timer(lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, "float16", arch, sms, False, **kw),
+                       max(20, nq), 3)
+            print(f" {us:.1f} us", file=sys.stderr, flush=True)
+            return us
 
         row = {"sw": t(wgmma=False)} if M <= 32 else {}
         res = []
         if wg:
             row["wg"] = t(wgmma=True)
-            for nb, tw, p in GEMM_WG_SHAPES:
+            for nb, tw, p in kernels.GEMM_WG_SHAPES:
                 if ops.gemm_token_tile(M, True) != 8 * nb:
                     continue
                 per_sm = kernel("gemm_wg", gemm_wg_variant("float16", nb, tw, p, True)).resident_blocks(
