@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     t.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["mistral-7b"],
                    help="model layer sets to sum over (default: mistral-7b)")
     t.add_argument("--shapes", type=_shape_list, default=None, help="custom layers instead, e.g. 4096x6144")
-    t.add_argument("--m", type=_int_list, default=None, help="comma-separated M values (default 1..512)")
+    t.add_argument("--m", type=_int_list, default=None, help="comma-separated M values (default 1..2048)")
     t.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
     t.add_argument("--group-size", type=int, default=128)
     t.add_argument("--trials", type=int, default=3)

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import sys
 
-DEFAULT_M = [1, 4, 8, 12, 16, 32, 64, 128, 192, 256, 384, 512]
+# up to 2048: on the H200 the fused wgmma GEMM and dequantize + cuBLAS cross near M = 1024 (bench/NOTES.md v13)
+DEFAULT_M = [1, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 768, 1024, 1536, 2048]
 
 
 def choose(sums: dict[int, dict[str, float]]) -> tuple[int, int, int | None]:
