@@ -35,7 +35,8 @@ template <typename T> struct ScaledDecoder {
 // words (streaming hint), their scale and zero words for the unit's SZ groups (SZ = 2 when G % 64 == 32) and this
 // thread's CPT 16-byte chunks of the BM x 64 x tile (zero past M and K). load() fills a Stage and advances;
 // store_x() writes a Stage's chunks into a shared-memory slot (128-byte rows, swizzled by awq_units::swz).
-// WX = false: weights, scales and zeros only (the wgmma kernel brings x into shared memory by bulk copies).
+// WX = false: weights, scales and zeros only, x unused (may be null; the wgmma kernel brings x into shared
+// memory by bulk copies).
 template <typename T, int TW, int SZ, int BM, int THREADS, bool WX = true> struct UnitStream {
   static constexpr int CPT = WX ? (BM * 8 + THREADS - 1) / THREADS : 0;   // x chunks per thread per unit
   struct Stage {
@@ -62,15 +63,19 @@ template <typename T, int TW, int SZ, int BM, int THREADS, bool WX = true> struc
       : scales(scales_), zeros(zeros_), G(G_), NG(NG_), K(K_) {
     tid = tid_;
     xk = 8 * (tid & 7);
-    xsrc = x + (long long)min(m0 + (tid >> 3), M - 1) * K + xk;
-    xstep = (long long)(THREADS / 8) * K;
-    xok = 0;
+    xsrc = nullptr;
+    xstep = 0;
+    xok = xdst = 0;
+    if constexpr (WX) {
+      xsrc = x + (long long)min(m0 + (tid >> 3), M - 1) * K + xk;
+      xstep = (long long)(THREADS / 8) * K;
 #pragma unroll
-    for (int r = 0; r < CPT; ++r) {
-      const int c = tid + THREADS * r;
-      if (c < BM * 8 && m0 + (c >> 3) < M) xok |= 1u << r;
+      for (int r = 0; r < CPT; ++r) {
+        const int c = tid + THREADS * r;
+        if (c < BM * 8 && m0 + (c >> 3) < M) xok |= 1u << r;
+      }
+      xdst = (u32)(awq_units::swz(tid >> 3, tid & 7) * 16);
     }
-    xdst = (u32)(awq_units::swz(tid >> 3, tid & 7) * 16);
     blk_words = (long long)KS * 32;
     l_w = qtiles + (long long)blk0 * blk_words + (long long)ub * 32 + lane;
     l_g = min(64 * ub / G, NG - 1);

@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
   const int n = min(KS, ub + units_per_split) - ub;      // units of this split (>= 1 by the plan)
   const int blk0 = (blockIdx.x * WARPS + warp) * TW;      // this warp's first 16-column block
   // every warp of a warpgroup issues its wgmmas; blocks past NT16 load zeros and are not stored
-  Stream units(xt, qtiles, scales, zeros, M, K, NT16, KS, G, NG, Np, m0, ub, blk0, tid, lane);
+  Stream units(nullptr, qtiles, scales, zeros, M, K, NT16, KS, G, NG, Np, m0, ub, blk0, tid, lane);
   const T* xsrc = xt + ((long long)blockIdx.z * KS + ub) * (BM * 64);   // this split's first x tile
   auto request = [&](int v) {   // thread 0: unit v's x tile into slot v % SLOTS
     const int s = v % SLOTS;

@@ -263,6 +263,17 @@ def test_gemm_shape_for_picks_the_depth_asked_for(wgmma):
         assert plan_gemm(8 * nb, 4096, 4096, 128, wgmma=wgmma, tiles=tw, depth=depth)["depth"] == depth
 
 
+def test_launch_constants_match_the_kernel_sources():
+    """The launch sizes threads and shared memory from Python mirrors of the kernels' constants."""
+    import re
+
+    from awq_cupy.jit import read_source
+
+    for name in ("gemm_tc.cu", "gemm_wg.cu"):
+        assert re.search(rf"constexpr int WARPS = {kernels.GEMM_WARPS};", read_source(name)), name
+    assert re.search(rf"constexpr int SLOTS = {kernels.GEMM_WG_SLOTS};", read_source("gemm_wg.cu"))
+
+
 def test_wgmma_smem_fits_the_h200_and_sm90_dispatch_uses_the_fused_gemm_below_1024():
     from awq_cupy import dispatch
     from awq_cupy.jit import ARCHS
