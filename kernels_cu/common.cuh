@@ -198,6 +198,43 @@ template <int N> AWQ_DEVICE void cp_async_wait() {
 #endif
 }
 
+// ------------------------------------------------------------------------------------------------------------
+// Bulk copies (sm_90, PTX "cp.async.bulk") counted on mbarriers: one thread announces the bytes of a phase
+// (arrive.expect_tx) and issues the copies; readers wait for the phase's parity. Used by the wgmma GEMM (x
+// tiles) and the GEMV (weight ring).
+// ------------------------------------------------------------------------------------------------------------
+#if AWQ_CUPY_CC >= 900
+AWQ_DEVICE void mbar_init(u32 bar, u32 count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the initialised barriers visible to the asynchronous proxy (the bulk copies' completions).
+AWQ_DEVICE void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// The phase of bar expects `bytes` more bytes; this is its (single) arrival.
+AWQ_DEVICE void mbar_expect(u32 bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// bytes (a multiple of 16, both addresses 16-byte aligned) from global src to shared dst, counted on bar.
+AWQ_DEVICE void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+// One phase of a barrier with a single arrival: expect `bytes`, then copy them.
+AWQ_DEVICE void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
+  mbar_expect(bar, bytes);
+  bulk_copy(dst, src, bytes, bar);
+}
+// Until the barrier's phase with this parity has completed.
+AWQ_DEVICE void mbar_wait(u32 bar, u32 parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "AWQ_MBAR_WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra AWQ_MBAR_WAIT_%=;\n"
+      "}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+#endif
+
 // Four 8x8 b16 matrices from shared memory (PTX "ldmatrix"); lane l gives the row address of matrix l / 8.
 AWQ_DEVICE void ldmatrix_x4(u32 (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

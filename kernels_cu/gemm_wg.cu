@@ -48,27 +48,6 @@ template <int R> AWQ_DEVICE void pin(float (&d)[R]) {
 AWQ_DEVICE u64 desc_sw128(u32 addr) {
   return (u64)((addr & 0x3FFFFu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
 }
-// mbarrier with one arrival per phase (the requesting thread's expect_tx) plus the bulk copy's bytes.
-AWQ_DEVICE void mbar_init(u32 bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
-}
-AWQ_DEVICE void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-// bytes (a multiple of 16, both addresses 16-byte aligned) from global src to shared dst, counted on bar.
-AWQ_DEVICE void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-// Until the barrier's phase with this parity has completed.
-AWQ_DEVICE void mbar_wait(u32 bar, u32 parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "AWQ_MBAR_WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra AWQ_MBAR_WAIT_%=;\n"
-      "}\n" ::"r"(bar), "r"(parity) : "memory");
-}
 }  // namespace awq_wg
 
 // x [M, K] -> xt [ceil(M / BM)][KS][BM][64]: per (token tile, 64-k unit) the shared-memory image the GEMM copies
@@ -131,7 +110,7 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
   };
   if (tid == 0) {
 #pragma unroll
-    for (int s = 0; s < SLOTS; ++s) mbar_init(bar0 + 8 * s);
+    for (int s = 0; s < SLOTS; ++s) mbar_init(bar0 + 8 * s, 1);
     mbar_init_fence();
     for (int v = 0; v < min(n, SLOTS - 2); ++v) request(v);
   }
