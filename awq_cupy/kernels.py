@@ -63,16 +63,9 @@ GEMM_TC = KernelFamily("gemm_tc", "gemm_tc.cu", _gemm_variants, hot=True)
 # Swapped-operand tensor-core GEMV for M <= 16 (kernels_cu/gemv_tc.cu): token blocks of 8 per mma (NB), column
 # groups of TW 16-column blocks per warp unit, one or two scale groups per 64-k unit (GA: groups span whole 64-k
 # blocks, or there is one group), one unit loaded ahead in registers. One CTA per SM of up to 16 warps (12 when
-# TW * NB >= 4: registers). On sm_90 each variant also exists with BULK weights: a per-warp shared-memory ring of
-# GEMV_RING one-unit slots filled by bulk copies (v14).
+# TW * NB >= 4: registers).
 GEMV_TOKEN_BLOCKS = (1, 2)
 GEMV_SHAPES = ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2))   # (token blocks, tiles) pairs instantiated
-GEMV_RING = 6   # weight slots per warp of the BULK variants
-
-
-def gemv_has_bulk(arch: Arch) -> bool:
-    """Whether ``arch`` has the GEMV variants with the bulk-copy weight ring (compute capability 9.0+)."""
-    return arch.cc >= 90
 
 
 def gemv_max_warps(token_blocks: int, tiles: int, arch: Arch) -> int:
@@ -82,21 +75,18 @@ def gemv_max_warps(token_blocks: int, tiles: int, arch: Arch) -> int:
     return 16
 
 
-def gemv_smem_bytes(warps: int, token_blocks: int, tiles: int, ring: int = 0) -> int:
-    """Dynamic shared memory of awq_gemv_tc_kernel: two fp32 partial slots per warp, and with the bulk ring
-    ``ring`` slots of ``tiles`` x 512 B plus an 8-byte mbarrier each per warp."""
-    return 2 * warps * 32 * tiles * token_blocks * 4 * 4 + warps * ring * (tiles * 512 + 8)
+def gemv_smem_bytes(warps: int, token_blocks: int, tiles: int) -> int:
+    """Dynamic shared memory of awq_gemv_tc_kernel: two fp32 partial slots per warp."""
+    return 2 * warps * 32 * tiles * token_blocks * 4 * 4
 
 
-def gemv_variant(dtype: str, token_blocks: int, tiles: int, aligned: bool, bulk: bool = False) -> str:
-    return (f"awq_gemv_tc_kernel<{CTYPE[dtype]}, {token_blocks}, {tiles}, {'true' if aligned else 'false'}, "
-            f"{'true' if bulk else 'false'}>")
+def gemv_variant(dtype: str, token_blocks: int, tiles: int, aligned: bool) -> str:
+    return f"awq_gemv_tc_kernel<{CTYPE[dtype]}, {token_blocks}, {tiles}, {'true' if aligned else 'false'}>"
 
 
 GEMV_TC = KernelFamily("gemv_tc", "gemv_tc.cu",
-                       lambda arch: tuple(gemv_variant(d, nb, tw, ga, bulk) for d in gemm_dtypes(arch)
-                                          for nb, tw in GEMV_SHAPES for ga in (True, False)
-                                          for bulk in ((False, True) if gemv_has_bulk(arch) else (False,))),
+                       lambda arch: tuple(gemv_variant(d, nb, tw, ga) for d in gemm_dtypes(arch)
+                                          for nb, tw in GEMV_SHAPES for ga in (True, False)),
                        hot=True)
 
 # Hopper warpgroup-MMA GEMM (kernels_cu/gemm_wg.cu, sm_90a only): (token blocks of 8 = wgmma N / 8, 16-column

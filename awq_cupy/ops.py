@@ -313,26 +313,14 @@ def gemv_tiles_for(M: int, NT16: int, grid: int) -> int:
     return 4 if M > 4 and most >= 8 else 2
 
 
-def gemv_bulk_default(arch) -> bool:
-    """Whether the GEMV on ``arch`` streams its weights through the bulk-copy ring (sm_90+, unless
-    AWQ_CUPY_GEMV_BULK=0)."""
-    import os
-
-    from .kernels import gemv_has_bulk
-
-    return gemv_has_bulk(arch) and os.environ.get("AWQ_CUPY_GEMV_BULK", "1") != "0"
-
-
 def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: int = 132,
-              tiles: int | None = None, warps: int | None = None, ring: int | None = None) -> dict:
+              tiles: int | None = None, warps: int | None = None) -> dict:
     """Launch plan of the GEMV for M <= 16 tokens on ``arch`` (a jit.Arch; default sm_90): dict(token_blocks,
-    tiles, aligned, grid, warps, ring, smem, NT16). One CTA per SM (at most one per 16-column block) of the
-    variant's warp count. ``tiles`` (blocks per warp unit) defaults to ``gemv_tiles_for``; ``warps`` overrides the
-    warp count (for tuning); ``ring``: weight slots per warp of the bulk-copy variant (sm_90+; 0 = weights
-    through registers; default ``kernels.GEMV_RING`` where available). The plan depends on (M, K, N, G) and the
-    GPU, and so does the summation order (the ring does not change it)."""
+    tiles, aligned, grid, warps, smem, NT16). One CTA per SM (at most one per 16-column block) of the variant's
+    warp count. ``tiles`` (blocks per warp unit) defaults to ``gemv_tiles_for``; ``warps`` overrides the warp
+    count (for tuning). The plan depends on (M, K, N, G) and the GPU, and so does the summation order."""
     from .jit import ARCHS
-    from .kernels import GEMV_RING, GEMV_SHAPES, GEMV_TOKEN_BLOCKS, gemv_has_bulk, gemv_max_warps, gemv_smem_bytes
+    from .kernels import GEMV_SHAPES, GEMV_TOKEN_BLOCKS, gemv_max_warps, gemv_smem_bytes
     from .layout import padded_sizes
 
     arch = ARCHS["90"] if arch is None else arch
@@ -350,31 +338,21 @@ def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: i
     w = most if warps is None else warps
     if not 1 <= w <= most:
         raise ValueError(f"warps={warps}: the GEMV variant for M={M}, tiles={tw} runs 1 to {most} warps per CTA")
-    if ring is None:
-        ring = GEMV_RING if gemv_bulk_default(arch) else 0
-        while ring > 2 and gemv_smem_bytes(w, nb, tw, ring) > arch.smem_optin:
-            ring -= 1
-    elif ring and not gemv_has_bulk(arch):
-        raise ValueError(f"ring={ring}: the bulk-copy GEMV needs compute capability 9.0 (this is {arch.target})")
-    if ring and (ring < 2 or gemv_smem_bytes(w, nb, tw, ring) > arch.smem_optin):
-        raise ValueError(f"ring={ring}: 2 or more weight slots per warp that fit in {arch.smem_optin} bytes of "
-                         f"shared memory ({w} warps x {tw} blocks)")
     NG = max(1, K // group_size)
     return dict(token_blocks=nb, tiles=tw, aligned=group_size % 64 == 0 or NG == 1, grid=grid, NT16=NT16,
-                warps=w, ring=ring, smem=gemv_smem_bytes(w, nb, tw, ring))
+                warps=w, smem=gemv_smem_bytes(w, nb, tw))
 
 
-def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count, tiles=None, warps=None, ring=None):
+def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count, tiles=None, warps=None):
     from .jit import arch_of_device
     from .kernels import gemv_variant, kernel
 
     p = plan_gemv(M, w.K, w.N, w.group_size, arch=arch_of_device(w.device), sm_count=sm_count, tiles=tiles,
-                  warps=warps, ring=ring)
-    k = kernel("gemv_tc", gemv_variant(kind, p["token_blocks"], p["tiles"], p["aligned"], p["ring"] > 0), w.device)
+                  warps=warps)
+    k = kernel("gemv_tc", gemv_variant(kind, p["token_blocks"], p["tiles"], p["aligned"]), w.device)
     k.launch((p["grid"],), (32 * p["warps"],),
              (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(w.K),
-              as_i32(p["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(w.NT * 64),
-              as_i32(p["ring"])),
+              as_i32(p["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(w.NT * 64)),
              smem=p["smem"])
 
 

@@ -1,24 +1,21 @@
-"""Sweep the GEMV's launch parameters (blocks per unit, warps per CTA, weight-ring slots per warp) on model layers,
-timed like `python -m awq_cupy bench` (queue preloaded, weights rotated). Usage:
-    python3 bench/gemv_sweep.py [M,...] [ring,...]   (default 1,8 and rings 0,4,6,8 where the GPU has them)
-Ring 0 = weights through registers; ring r > 0 = the sm_90 bulk-copy ring of r one-unit slots per warp. For
-M > 8 the fused GEMM's planned launch is timed too (the dispatch crossover). Prints the eight best plans per
-(layer, M) and the sums of the best plan per ring.
+"""Sweep the GEMV's launch parameters (blocks per unit, warps per CTA) on model layers, timed like
+`python -m awq_cupy bench` (queue preloaded, weights rotated). Usage:
+    python3 bench/gemv_sweep.py [M,...]   (default 1,8)
+For M > 8 the fused GEMM's planned launch is timed too (the dispatch crossover). Prints the eight best plans per
+(layer, M) and the sums of the best GEMV plan and of the GEMM.
 """
 import sys
 
 import cupy as cp
 import numpy as np
 
-from awq_cupy import kernels, ops
+from awq_cupy import ops
 from awq_cupy.bench import MODELS, Timer, rotated_weights
 from awq_cupy.jit import arch_of_device
 from awq_cupy.kernels import GEMV_SHAPES
 
 ms = [int(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else [1, 8]
 arch = arch_of_device(0)
-rings = ([int(v) for v in sys.argv[2].split(",")] if len(sys.argv) > 2
-         else ([0, 4, 6, 8] if kernels.gemv_has_bulk(arch) else [0]))
 sms = ops._sm_count(0)
 timer = Timer()
 rng = np.random.default_rng(0)
@@ -35,26 +32,24 @@ for name, K, N in MODELS["mistral-7b"]:
             if nb != -(-M // 8):
                 continue
             for warps in (16, 12, 8):
-                for ring in rings:
-                    try:
-                        ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, tiles=tw, warps=warps, ring=ring)
-                    except ValueError:
-                        continue
-                    us = timer(lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, "float16", sms, tiles=tw,
-                                                          warps=warps, ring=ring), max(20, nq), 3)
-                    res.append((us, tw, warps, ring))
-                    best = sums.get((M, ring), {}).get(name)
-                    sums.setdefault((M, ring), {})[name] = us if best is None else min(best, us)
+                try:
+                    ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, tiles=tw, warps=warps)
+                except ValueError:
+                    continue
+                us = timer(lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, "float16", sms, tiles=tw,
+                                                      warps=warps), max(20, nq), 3)
+                res.append((us, tw, warps))
+                best = sums.get((M, "gemv"), {}).get(name)
+                sums.setdefault((M, "gemv"), {})[name] = us if best is None else min(best, us)
         if M > 8:
             us = timer(lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, "float16", arch, sms, False),
                        max(20, nq), 3)
             sums.setdefault((M, "gemm"), {})[name] = us
-            res.append((us, "gemm", 0, 0))
+            res.append((us, "gemm", 0))
         res.sort(key=lambda r: r[0])
-        print(f"{name:8s} M={M:2d} " + "  ".join(f"tw{tw}/w{wp}/r{rg}:{us:.1f}" for us, tw, wp, rg in res[:8]),
-              flush=True)
+        print(f"{name:8s} M={M:2d} " + "  ".join(f"tw{tw}/w{wp}:{us:.1f}" for us, tw, wp in res[:8]), flush=True)
     del wq
     cp.get_default_memory_pool().free_all_blocks()
-for (M, ring), per in sorted(sums.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
-    print(f"sum M={M:2d} ring={ring}: {sum(per.values()):.1f} us  " +
+for (M, path), per in sorted(sums.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+    print(f"sum M={M:2d} {path}: {sum(per.values()):.1f} us  " +
           " ".join(f"{k} {v:.1f}" for k, v in per.items()))

@@ -7,7 +7,7 @@ import numpy as np
 import cupy as cp
 
 import awq_cupy
-from awq_cupy import formats, kernels, ops
+from awq_cupy import formats, ops
 from awq_cupy.jit import arch_of_device
 from awq_cupy.kernels import GEMM_SHAPES, GEMM_WG_SHAPES
 
@@ -34,12 +34,9 @@ for K, N, G, kinds in [(24, 8, -1, ("float16", "bfloat16")), (96, 72, 32, ("floa
                 awq_cupy.matmul(x, w, bias=bias)
             awq_cupy.matmul(x, w, batch_invariant=True)
             if M <= 16:   # every GEMV variant, whatever the dispatch table picks
-                bulk = kernels.gemv_has_bulk(arch_of_device(w.device))
                 for tiles in (1, 2, 4) if M <= 8 else (1, 2):
-                    for ring in (0, kernels.GEMV_RING, 2) if bulk else (0,):
-                        y = cp.empty((M, N), dtype=x.dtype)
-                        awq_cupy.ops._launch_gemv(x, w, bias, y, M, kind, awq_cupy.ops._sm_count(w.device),
-                                                  tiles=tiles, ring=ring)
+                    y = cp.empty((M, N), dtype=x.dtype)
+                    awq_cupy.ops._launch_gemv(x, w, bias, y, M, kind, awq_cupy.ops._sm_count(w.device), tiles=tiles)
             for wg in sorted({False, ops.has_wgmma(arch_of_device(w.device))}) if M > 8 else ():
                 for nb, tw, _ in (GEMM_WG_SHAPES if wg else GEMM_SHAPES):  # every GEMM variant of M's token tile
                     if ops.gemm_token_tile(M, wg) == 8 * nb:

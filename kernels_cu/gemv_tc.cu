@@ -36,16 +36,15 @@
 namespace awq_gemv {
 // Threads per CTA the kernel is compiled for (registers: the one-unit-ahead pipeline of 4 blocks needs ~160).
 // sm_75 has fewer registers per thread at 384 threads than this variant needs without spilling.
-template <int NB, int TW, bool GA, bool BULK> struct Bounds {
+template <int NB, int TW, bool GA> struct Bounds {
   static constexpr int threads = (TW * NB >= 4) ? (AWQ_CUPY_CC < 800 ? 256 : 384) : 512;
-  // units in registers (S - 1 loading ahead); two scale groups per unit cost too many registers for three.
-  // BULK: the weights are not in the stages (shared-memory ring), which leaves room for one more.
+  // units in registers (S - 1 loading ahead); two scale groups per unit cost too many registers for three
   static constexpr int stages = (NB == 1 && (TW == 1 || (TW == 2 && GA))) ? 3 : 2;
 };
 }  // namespace awq_gemv
 
-template <typename T, int NB, int TW, bool GA, bool BULK>
-__global__ void __launch_bounds__(awq_gemv::Bounds<NB, TW, GA, BULK>::threads, 1) awq_gemv_tc_kernel(
+template <typename T, int NB, int TW, bool GA>
+__global__ void __launch_bounds__(awq_gemv::Bounds<NB, TW, GA>::threads, 1) awq_gemv_tc_kernel(
     const T* __restrict__ x,          // [M, K] activations
     const uint4* __restrict__ qtiles, // [NT16][KS][32] weight blocks
     const u32* __restrict__ scales,   // [NG, Np] permuted scales, as u32 pairs
@@ -54,11 +53,7 @@ __global__ void __launch_bounds__(awq_gemv::Bounds<NB, TW, GA, BULK>::threads, 1
     T* __restrict__ y,                // [M, N]
     int M, int N, int K,              // problem size (M <= 8 NB)
     int NT16, int KS,                 // 16-column blocks, 64-k blocks per column block
-    int G, int NG, int Np,            // group size, number of groups, padded N
-    int ring) {                       // BULK: weight slots per warp (>= 2); else unused
-#if AWQ_CUPY_CC < 900
-  static_assert(!BULK, "the bulk-copy weight ring needs sm_90");
-#endif
+    int G, int NG, int Np) {          // group size, number of groups, padded N
   constexpr int SZ = GA ? 1 : 2;      // scale groups per unit
   constexpr int PV = TW * NB * 4;     // fp32 accumulators per lane
   extern __shared__ __align__(16) unsigned char smem[];
@@ -89,10 +84,14 @@ __global__ void __launch_bounds__(awq_gemv::Bounds<NB, TW, GA, BULK>::threads, 1
   const u32* l_s = scales + sz0;
   const u32* l_z = zeros + sz0;
   // x^T fragments: lane (g8, t4) reads token 8 nb + g8 at k 64 ks + 16 s + 2 t4 (+ 8) for steps s = 0..3.
-  // Rows of tokens >= M are clamped to row M - 1: their products land in accumulator columns never stored.
   const T* xrow[NB];
+  bool xtok[NB];
 #pragma unroll
-  for (int nb = 0; nb < NB; ++nb) xrow[nb] = x + (long long)min(8 * nb + g8, M - 1) * K + 2 * t4;
+  for (int nb = 0; nb < NB; ++nb) {
+    const int tok = 8 * nb + g8;
+    xtok[nb] = tok < M;
+    xrow[nb] = x + (long long)(xtok[nb] ? tok : 0) * K + 2 * t4;
+  }
 
   struct Stage {
     uint4 w[TW];
@@ -100,52 +99,25 @@ __global__ void __launch_bounds__(awq_gemv::Bounds<NB, TW, GA, BULK>::threads, 1
     u32 s[SZ][TW], z[SZ][TW];
   };
   auto load = [&](Stage& st) {
+#pragma unroll
+    for (int i = 0; i < TW; ++i)
+      st.w[i] = i < l_nv ? __ldcs(l_w + i * blk_words) : make_uint4(0u, 0u, 0u, 0u);
     const int k0 = 64 * l_ks;
-    // Common case: the column group is whole and the unit lies inside K; then every load is unpredicated, at
-    // immediate offsets from one address per operand (v14: the general form's predicates and addresses were a
-    // third of the GEMV's instructions).
-    if (l_nv == TW && k0 + 64 <= K) {
-      if constexpr (!BULK) {
 #pragma unroll
-        for (int i = 0; i < TW; ++i) st.w[i] = __ldcs(l_w + i * blk_words);
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int k = k0 + 16 * (j >> 1) + 8 * (j & 1);   // + 2 t4 inside xrow
+        st.xb[nb][j] = (xtok[nb] && k + 2 * t4 < K) ? __ldg(reinterpret_cast<const u32*>(xrow[nb] + k)) : 0u;
       }
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-        const u32* xp = reinterpret_cast<const u32*>(xrow[nb] + k0);
+    for (int h = 0; h < SZ; ++h) {
+      // the unit's second 32 k may start the next group (GA false); past K any group would do, keep this one
+      const int next = (!GA && h == 1 && l_gk + 32 >= G && k0 + 32 < K) ? np2 : 0;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) st.xb[nb][j] = __ldg(xp + 8 * (j >> 1) + 4 * (j & 1));
-      }
-#pragma unroll
-      for (int h = 0; h < SZ; ++h) {
-        const int next = (!GA && h == 1 && l_gk + 32 >= G && k0 + 32 < K) ? np2 : 0;
-#pragma unroll
-        for (int i = 0; i < TW; ++i) {
-          st.s[h][i] = __ldg(l_s + next + 8 * i);
-          st.z[h][i] = __ldg(l_z + next + 8 * i);
-        }
-      }
-    } else {
-      if constexpr (!BULK) {
-#pragma unroll
-        for (int i = 0; i < TW; ++i)
-          st.w[i] = i < l_nv ? __ldcs(l_w + i * blk_words) : make_uint4(0u, 0u, 0u, 0u);
-      }
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int k = k0 + 16 * (j >> 1) + 8 * (j & 1);   // + 2 t4 inside xrow
-          st.xb[nb][j] = k + 2 * t4 < K ? __ldg(reinterpret_cast<const u32*>(xrow[nb] + k)) : 0u;
-        }
-#pragma unroll
-      for (int h = 0; h < SZ; ++h) {
-        // the unit's second 32 k may start the next group (GA false); past K any group would do, keep this one
-        const int next = (!GA && h == 1 && l_gk + 32 >= G && k0 + 32 < K) ? np2 : 0;
-#pragma unroll
-        for (int i = 0; i < TW; ++i) {
-          st.s[h][i] = i < l_nv ? __ldg(l_s + next + 8 * i) : 0u;
-          st.z[h][i] = i < l_nv ? __ldg(l_z + next + 8 * i) : 0u;
-        }
+      for (int i = 0; i < TW; ++i) {
+        st.s[h][i] = i < l_nv ? __ldg(l_s + next + 8 * i) : 0u;
+        st.z[h][i] = i < l_nv ? __ldg(l_z + next + 8 * i) : 0u;
       }
     }
     // advance to the next unit
@@ -265,78 +237,17 @@ __global__ void __launch_bounds__(awq_gemv::Bounds<NB, TW, GA, BULK>::threads, 1
 
   // S stages in registers: the loads of S - 1 units are in flight while one is computed (S = 3 where the
   // registers allow it under the launch bound, else 2).
-  constexpr int S = awq_gemv::Bounds<NB, TW, GA, BULK>::stages;
+  constexpr int S = awq_gemv::Bounds<NB, TW, GA>::stages;
   Stage st[S];
-
-#if AWQ_CUPY_CC >= 900
-  // BULK: this warp's weight ring in shared memory after the partials: `ring` slots of one unit (TW blocks x
-  // 512 B) each, plus one mbarrier per slot. Lane 0 requests unit v into slot v % ring with bulk copies (only the
-  // column group's valid blocks; the others keep stale bytes, whose finite products land in blocks never
-  // stored) and refills a slot as soon as the warp has read it, so ring units are in flight per warp whatever
-  // the registers (v14).
-  u32 ring0 = 0, bar0 = 0, c_slot = 0, c_phase = 0;
-  int p_ks = u0 % KS, p_cg = u0 / KS, p_nv = min(TW, nblk - TW * p_cg);
-  const uint4* p_w = qtiles + (long long)(b0 + TW * p_cg) * blk_words + (long long)p_ks * 32;
-  auto request = [&](u32 slot) {   // lane 0: the next unit of the producer cursor into `slot`
-    if (lane == 0) {
-      const u32 bar = bar0 + 8 * slot, dst = ring0 + slot * (TW * 512);
-      mbar_expect(bar, (u32)(p_nv * 512));
-#pragma unroll
-      for (int i = 0; i < TW; ++i)
-        if (i < p_nv) bulk_copy(dst + i * 512, p_w + i * blk_words, 512, bar);
-    }
-    p_w += 32;
-    if (++p_ks == KS) {
-      p_ks = 0;
-      ++p_cg;
-      p_nv = min(TW, nblk - TW * p_cg);
-      p_w += (TW - 1) * blk_words;
-    }
-  };
-  if constexpr (BULK) {
-    const u32 base = smem_addr(smem) + (u32)(2 * W * 32 * PV * 4);
-    ring0 = base + (u32)(warp * ring * TW * 512);
-    bar0 = base + (u32)(W * ring * TW * 512) + (u32)(warp * ring * 8);
-    if (lane == 0) {
-      for (int v = 0; v < ring; ++v) mbar_init(bar0 + 8 * v, 1);
-      mbar_init_fence();
-    }
-    __syncwarp();
-    for (int v = 0; v < min(ring, run); ++v) request((u32)v);
-  }
-#endif
-
 #pragma unroll
   for (int j = 0; j < S - 1; ++j)
     if (j < run) load(st[j]);
   for (int it = 0; it < run; it += S) {
 #pragma unroll
     for (int j = 0; j < S; ++j) {
-      const int u = it + j;
-      if (u >= run) break;
-      if (u + S - 1 < run) load(st[(j + S - 1) % S]);
-#if AWQ_CUPY_CC >= 900
-      if constexpr (BULK) {
-        mbar_wait(bar0 + 8 * c_slot, c_phase);
-        const u32 src = ring0 + c_slot * (TW * 512) + lane * 16;
-#pragma unroll
-        for (int i = 0; i < TW; ++i)
-          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                       : "=r"(st[j].w[i].x), "=r"(st[j].w[i].y), "=r"(st[j].w[i].z), "=r"(st[j].w[i].w)
-                       : "r"(src + i * 512) : "memory");
-      }
-#endif
-      compute(st[j], u);
-#if AWQ_CUPY_CC >= 900
-      if constexpr (BULK) {
-        __syncwarp();   // every lane has used its words of the slot (compute consumed them)
-        if (u + ring < run) request(c_slot);
-        if (++c_slot == (u32)ring) {
-          c_slot = 0;
-          c_phase ^= 1u;
-        }
-      }
-#endif
+      if (it + j >= run) break;
+      if (it + j + S - 1 < run) load(st[(j + S - 1) % S]);
+      compute(st[j], it + j);
     }
   }
   __syncthreads();

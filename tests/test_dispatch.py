@@ -83,29 +83,6 @@ def test_gemv_plan_fits_the_arch(M, arch):
             assert 1 <= p["warps"] <= kernels.gemv_max_warps(nb, tiles, a)
             assert p["grid"] <= 132 and p["grid"] <= p["NT16"] and p["NT16"] * 16 >= N
             assert p["aligned"] == (G % 64 == 0 or K // G == 1)
-            # the bulk-copy weight ring exactly where the GPU has it, and as deep as the default where it fits
-            if kernels.gemv_has_bulk(a):
-                assert 2 <= p["ring"] <= kernels.GEMV_RING
-                assert p["smem"] == kernels.gemv_smem_bytes(p["warps"], nb, tiles, p["ring"])
-            else:
-                assert p["ring"] == 0
-
-
-def test_gemv_ring_plan(monkeypatch):
-    a90, a80 = jit.ARCHS["90"], jit.ARCHS["80"]
-    p = plan_gemv(1, 4096, 28672, 128, arch=a90, tiles=2)
-    assert p["ring"] == kernels.GEMV_RING
-    # 16 warps x 2 partial slots x 32 lanes x 8 floats, then 16 warps x 6 slots x (1 KB + an 8-byte mbarrier)
-    assert p["smem"] == 16 * 2 * 32 * 8 * 4 + 16 * 6 * (1024 + 8)
-    assert plan_gemv(1, 4096, 28672, 128, arch=a90, tiles=2, ring=0)["ring"] == 0
-    assert plan_gemv(1, 4096, 28672, 128, arch=a80, tiles=2)["ring"] == 0
-    with pytest.raises(ValueError, match="ring=4.*9.0"):
-        plan_gemv(1, 4096, 4096, 128, arch=a80, ring=4)
-    for bad in (1, 40):   # one slot cannot overlap anything; 40 do not fit in shared memory
-        with pytest.raises(ValueError, match=f"ring={bad}"):
-            plan_gemv(1, 4096, 4096, 128, arch=a90, tiles=2, ring=bad)
-    monkeypatch.setenv("AWQ_CUPY_GEMV_BULK", "0")
-    assert plan_gemv(1, 4096, 28672, 128, arch=a90, tiles=2)["ring"] == 0
 
 
 def test_gemv_plan_rejects_bad_m():

@@ -235,26 +235,10 @@ GEMV_SHAPES = [(4096, 1024, 128), (1000, 200, -1), (384, 4160, 32), (768, 96, 96
                (14336, 64, 128), (8, 8, -1), (2048, 520, 64)]
 
 
-def _rings():
-    """Weight-ring settings of the GEMV to test on this GPU: registers (0), and on sm_90 the default ring and
-    the smallest (2 slots: every unit refills a slot just read)."""
-    from awq_cupy import kernels
-    from awq_cupy.jit import arch_of_device
-
-    return (0, kernels.GEMV_RING, 2) if kernels.gemv_has_bulk(arch_of_device(0)) else (0,)
-
-
 @pytest.mark.parametrize("tiles", [1, 2, 4])
 @pytest.mark.parametrize("K,N,G", GEMV_SHAPES)
 @pytest.mark.parametrize("kind", ["float16", "bfloat16"])
-@pytest.mark.parametrize("ring", [0, "bulk"])
-def test_gemv_variants_against_reference(rng, tiles, K, N, G, kind, ring):
-    from awq_cupy import kernels
-
-    if ring == "bulk":
-        if len(_rings()) == 1:
-            pytest.skip("no bulk-copy GEMV on this GPU (compute capability < 9.0)")
-        ring = kernels.GEMV_RING
+def test_gemv_variants_against_reference(rng, tiles, K, N, G, kind):
     Q, Z, S, G = random_layer(rng, K, N, G)
     w = _weight(Q, Z, S, G, kind)
     W64 = kernel_weight(Q, Z, S, G, kind, rounded=False)
@@ -263,8 +247,8 @@ def test_gemv_variants_against_reference(rng, tiles, K, N, G, kind, ring):
         if tiles == 4 and M > 8:
             continue
         x = random_x(rng, M, K, kind)
-        assert_matmul_close(_gemv(x, w, tiles, bias, ring=ring), x, W64, kind, bias=bias,
-                            what=f"GEMV tiles={tiles} ring={ring} {K}x{N} G={G} M={M} {kind}")
+        assert_matmul_close(_gemv(x, w, tiles, bias), x, W64, kind, bias=bias,
+                            what=f"GEMV tiles={tiles} {K}x{N} G={G} M={M} {kind}")
 
 
 def test_gemv_every_warp_count(rng):
@@ -278,12 +262,11 @@ def test_gemv_every_warp_count(rng):
         M = 8 * nb - 3
         x = random_x(rng, M, K, "float16")
         for warps in (16, 12, 7, 4, 1):
-            for ring in _rings():
-                try:
-                    y = _gemv(x, w, tiles, warps=warps, ring=ring)
-                except ValueError:      # more warps than the variant is compiled for
-                    continue
-                assert_matmul_close(y, x, W64, "float16", what=f"tiles={tiles} warps={warps} ring={ring} M={M}")
+            try:
+                y = _gemv(x, w, tiles, warps=warps)
+            except ValueError:      # more warps than the variant is compiled for
+                continue
+            assert_matmul_close(y, x, W64, "float16", what=f"tiles={tiles} warps={warps} M={M}")
 
 
 def test_gemv_is_deterministic_and_rows_are_independent(rng):
@@ -303,9 +286,6 @@ def test_gemv_is_deterministic_and_rows_are_independent(rng):
                 continue
             a, b = _gemv(x[:M], w, tiles), _gemv(x[:M], w, tiles)
             np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=f"run to run, M={M}")
-            for ring in _rings():   # where the weights come from does not change the summation order
-                c = _gemv(x[:M], w, tiles, ring=ring)
-                np.testing.assert_array_equal(a.view(np.uint16), c.view(np.uint16), err_msg=f"ring={ring}, M={M}")
             if plan_gemv(M, K, N, G, tiles=tiles)["warps"] == one["warps"]:
                 np.testing.assert_array_equal(a.view(np.uint16), rows[:M].view(np.uint16), err_msg=f"rows, M={M}")
 
