@@ -6,7 +6,7 @@ Every measurement is also logged to stderr as it completes (with the time since 
 which one it is.
 Per (layer, M): the mma.sync kernel (gemm_tc.cu, M <= 32) and the wgmma kernel (gemm_wg.cu, sm_90 only) with
 their planned launches, then every instantiated wgmma shape (token blocks, column blocks per warp, depth) of M's
-token tile at split counts 1, 2, 4, 8 and the planned one. Prints the best five per (layer, M) and the sums;
+token tile at split counts 1, 2, 4, 8 (16 up to M = 128) and the planned one. Prints the best five per (layer, M) and the sums;
 the JSON holds every measurement with the plan's split count and CTAs per SM (for the cost model).
 """
 import json
@@ -60,7 +60,7 @@ for name, K, N in MODELS["mistral-7b"]:
                 per_sm = kernel("gemm_wg", gemm_wg_variant("float16", nb, tw, p, True)).resident_blocks(
                     32 * GEMM_WARPS, gemm_wg_smem_bytes(nb))
                 pp = ops.plan_gemm(M, K, N, G, wgmma=True, sm_count=sms, resident=per_sm * sms, tiles=tw, depth=p)
-                for sp in sorted({1, 2, 4, 8, pp["splits"]}):
+                for sp in sorted({1, 2, 4, 8, pp["splits"]} | ({16} if M <= 128 else set())):
                     if sp <= max(1, KS // 2):
                         us = t(wgmma=True, tiles=tw, depth=p, splits=sp)
                         res.append((us, f"{nb},{tw},{p}", sp))
