@@ -152,24 +152,35 @@ def dequantize_gemm(qweight, qzeros, scales, group_size, *, dtype="float16", out
 _MIN_STAGES_PER_SPLIT = 4    # each split gets at least 4 x 64 k (default of plan_splits)
 
 
-# Split-K cost model (H200, 2026-11-30): waves x units per CTA x the kernel's unit time (``stage_us``), plus each
-# split's fp32 partials (8 bytes per output at ~3 TB/s) and ~3 us for the reduce kernel. The unit time of the v1
-# GEMM was ~1.75 us whatever the m-block count (latency-bound); the v12 kernels pass their own (_unit_us).
-_STAGE_US, _PARTIAL_TBPS, _REDUCE_US = 1.75, 3.0, 3.0
+# Split-K cost model (H200, 2026-11-30): units per CTA x the kernel's unit time (``stage_us``) x the load of the
+# busiest SM, plus each split's fp32 partials (8 bytes per output at ~3 TB/s) and ~3 us for the reduce kernel.
+# The unit time of the v1 GEMM was ~1.75 us whatever the m-block count (latency-bound); the v12 kernels pass their
+# own (_unit_us). CTAs sharing an SM each run slower: k co-resident CTAs take 1 + _SHARE x (k - 1) times as long
+# as one alone (fitted to the v13 sweeps, results/h200_gemm_sweep_v14.txt: Mistral-7B o at M = 128 with two CTAs
+# per SM, 4 splits = 128 CTAs on 132 SMs 20.4 us, 5 splits = 160 CTAs 23.3 us, 8 splits 21.6 us; counting the
+# two resident CTAs as independent slots, as before, picked 5).
+_STAGE_US, _PARTIAL_TBPS, _REDUCE_US, _SHARE = 1.75, 3.0, 3.0, 0.3
 
 
 def plan_splits(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: int = 1, Np: int = 64,
-                stage_us: float = _STAGE_US, min_per: int = _MIN_STAGES_PER_SPLIT) -> tuple[int, int]:
+                stage_us: float = _STAGE_US, min_per: int = _MIN_STAGES_PER_SPLIT, per_sm: int = 1) -> tuple[int, int]:
     """(splits, stages_per_split) for a grid of n_ctas x m_tiles CTAs over K_stages 64-k stages, when the GPU
-    holds ``resident`` CTAs at once: the split count with the least modelled time (waves x stages per CTA x
-    stage time, plus the partial sums' traffic and the reduce kernel when split); at least ``min_per`` stages
-    per split."""
+    holds ``resident`` CTAs at once, ``per_sm`` on each SM: the split count with the least modelled time (stages
+    per CTA x stage time x the busiest SM's load, plus the partial sums' traffic and the reduce kernel when
+    split); at least ``min_per`` stages per split."""
     base = n_ctas * m_tiles
+    per_sm = max(1, per_sm)
+    sms = max(1, resident // per_sm)
     best = None
     for splits in range(1, max(1, K_stages // min_per) + 1):
         per = -(-K_stages // splits)
         real = -(-K_stages // per)              # splits that actually get stages
-        t = -(-base * real // resident) * per * stage_us
+        ctas = base * real
+        k = -(-ctas // sms)                     # CTAs the busiest SM runs over the whole grid
+        if k <= per_sm:                         # all resident at once, k of them sharing that SM
+            t = per * stage_us * (1 + _SHARE * (k - 1))
+        else:                                   # waves of full SMs
+            t = -(-ctas // resident) * per * stage_us * (1 + _SHARE * (per_sm - 1))
         if real > 1:
             t += real * M * Np * 8 / (_PARTIAL_TBPS * 1e6) + _REDUCE_US
         if best is None or t < best[0] - 1e-9:
@@ -440,10 +451,10 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
     elif batch_invariant:   # planned as for the smallest token tile, whatever M and this M's shape are
         nb1, tw1, _ = gemm_shape_for(1, wgmma=wgmma)
         splits, per = plan_splits(KS, -(-NT16 // (GEMM_WARPS * tw1)), 1, resident=res, M=8 * nb1, Np=Np,
-                                  stage_us=_unit_us(nb1, tw1, wgmma), min_per=2)
+                                  stage_us=_unit_us(nb1, tw1, wgmma), min_per=2, per_sm=res // sm_count)
     else:
         splits, per = plan_splits(KS, n_ctas, m_tiles, resident=res, M=M, Np=Np, stage_us=_unit_us(nb, tw, wgmma),
-                                  min_per=2)
+                                  min_per=2, per_sm=res // sm_count)
     NG = max(1, K // group_size)
     smem = gemm_wg_smem_bytes(nb) if wgmma else gemm_sw_smem_bytes(nb)
     return dict(token_blocks=nb, tiles=tw, depth=depth, aligned=group_size % 64 == 0 or NG == 1,

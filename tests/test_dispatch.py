@@ -201,6 +201,19 @@ def test_gemm_splits_avoid_a_partial_last_wave():
     assert plan_splits(64, 112, 2, resident=264, M=128, Np=28672) == (1, 64)
 
 
+def test_gemm_splits_count_co_resident_ctas_as_sharing_an_sm():
+    from awq_cupy.ops import _unit_us
+
+    # Mistral-7B o at M = 128 on the wgmma (16, 1, 4) shape, two CTAs per SM of 132: 5 splits put two CTAs on 28
+    # SMs (measured 23.3 us) where 4 splits run one per SM (20.4 us); as 264 independent slots 5 looked better
+    args = dict(resident=264, M=128, Np=4096, stage_us=_unit_us(16, 1, True), min_per=2)
+    assert plan_splits(64, 32, 1, per_sm=2, **args) == (4, 16)
+    assert plan_splits(64, 32, 1, per_sm=1, **args)[0] == 5
+    # Mistral-7B down at M = 64 on (8, 1, 6), two per SM: 8 splits (measured 30.2 us; 4: 35.2, 16: 34.4)
+    assert plan_splits(224, 32, 1, resident=264, per_sm=2, M=64, Np=4096, stage_us=_unit_us(8, 1, True),
+                       min_per=2)[0] == 8
+
+
 @pytest.mark.parametrize("wgmma", [False, True])
 @pytest.mark.parametrize("M", [1, 9, 16, 17, 32, 33, 64, 65, 128, 129, 255, 256, 257, 1000])
 def test_gemm_shape_holds_m(M, wgmma):
