@@ -51,7 +51,12 @@ TABLE: dict[str, Dispatch] = {
     # M = 32 (104.0 vs 108.6 us) and loses from M = 48 (145.4 vs 124.7 us).
     # v13 (NOTES): the wgmma GEMM with x by bulk copies beats dequantize + cuBLAS at M = 256 (244.6 vs 357 us) and
     # is level with it at M = 1024 (761 vs 743 us), so dequantize + cuBLAS runs from M = 1024.
-    "90": Dispatch(gemv_max_m=12, cublas_min_m=1024, wgmma_min_m=33),
+    # v14 (NOTES): `tune` on the v13/v14 kernels (bench/results/dispatch_h200.json): dequantize + cuBLAS beats the
+    # fused GEMM from M = 768 (626.8 vs 693.9 us; M = 512: 485.5 vs 440.3); the GEMV and the GEMM tie at M = 12
+    # (90.0 vs 89.4 us, 92.6 vs 95.0 in the previous tune): 12 kept. With one block per warp and 6 units in
+    # registers the wgmma GEMM beats the mma.sync one from the 32-token tile on (bench/gemm_sweep.py: M = 20
+    # 97.2 vs 102.3 us, M = 32 98.6 vs 103.9), not at M = 16 (95.4 vs 88.8): wgmma from M = 17.
+    "90": Dispatch(gemv_max_m=12, cublas_min_m=768, wgmma_min_m=17),
     "default": Dispatch(gemv_max_m=12, cublas_min_m=256),
 }
 

@@ -92,10 +92,10 @@ GEMV_TC = KernelFamily("gemv_tc", "gemv_tc.cu",
 # Hopper warpgroup-MMA GEMM (kernels_cu/gemm_wg.cu, sm_90a only): (token blocks of 8 = wgmma N / 8, 16-column
 # blocks per warp, units in registers); 8 warps per CTA; GA as for the GEMV.
 # One 16-column block per warp with 6 units in registers (~90-105 registers: two CTAs per SM) is the fastest
-# shape of the 32- and 64-token tiles (bench/NOTES.md v14).
+# shape of the 16-, 32- and 64-token tiles (bench/NOTES.md v14).
 GEMM_WG_SHAPES = ((2, 2, 5), (2, 1, 6), (4, 2, 4), (4, 1, 6), (8, 2, 4), (8, 1, 6), (16, 2, 3), (16, 1, 4),
                   (32, 1, 4))
-GEMM_WG_DEFAULT = {16: (2, 2, 5), 32: (4, 1, 6), 64: (8, 1, 6), 128: (16, 1, 4), 256: (32, 1, 4)}
+GEMM_WG_DEFAULT = {16: (2, 1, 6), 32: (4, 1, 6), 64: (8, 1, 6), 128: (16, 1, 4), 256: (32, 1, 4)}
 GEMM_WG_SLOTS = 6   # x slots of awq_gemm_wg_kernel (awq_wg::SLOTS)
 
 
