@@ -20,6 +20,7 @@ Environment variables:
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import hashlib
 import json
@@ -444,17 +445,92 @@ class Kernel:
                 self._func.ptr, threads, smem))
         return n
 
-    def launch(self, grid: tuple, block: tuple, args: tuple, smem: int = 0) -> None:
+    def launch(self, grid: tuple, block: tuple, args: tuple, smem: int = 0, pdl: bool = False) -> None:
+        """Launch on the caller's current CuPy stream. ``pdl``: with the programmatic-stream-serialization
+        attribute (sm_90+, kernels written for it: common.cuh pdl_wait / pdl_trigger), through cuLaunchKernelEx."""
         for a in args:  # CuPy passes Python ints as int64 and floats as float64: demand explicit widths
             if isinstance(a, (int, float, bool)):
                 raise TypeError(f"kernel {self.name}: scalar argument {a!r} must be a numpy scalar "
                                 f"(np.int32/np.float32/...), not a Python {type(a).__name__}")
         self._ensure_dynamic_smem(smem)
+        if pdl:
+            _launch_pdl(self._func.ptr, tuple(grid), tuple(block), args, smem)
+            return
         # stream=None: CuPy launches on the current stream of the calling thread.
         self._func(tuple(grid), tuple(block), args, shared_mem=smem)
 
     def __repr__(self) -> str:
         return f"Kernel({self.name!r}, device={self.device_id})"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Programmatic dependent launch: CuPy has no cuLaunchKernelEx, so it is called through ctypes (driver API, CUDA 12+
+# struct layouts: CUlaunchConfig, CUlaunchAttribute with a 64-byte value union).
+# ----------------------------------------------------------------------------------------------------------------
+_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class _LaunchAttribute(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+_libcuda = None
+_PDL_ATTR = None
+
+
+def _cuda_driver():
+    global _libcuda, _PDL_ATTR
+    if _libcuda is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
+                                         ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)]
+        lib.cuLaunchKernelEx.restype = ctypes.c_int
+        attr = _LaunchAttribute()
+        attr.id = _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        ctypes.memmove(ctypes.addressof(attr) + _LaunchAttribute.value.offset,
+                       ctypes.byref(ctypes.c_int(1)), 4)   # programmaticStreamSerializationAllowed = 1
+        _PDL_ATTR, _libcuda = attr, lib
+    return _libcuda
+
+
+_C_SCALARS = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.int64): ctypes.c_int64,
+              np.dtype(np.uint32): ctypes.c_uint32, np.dtype(np.uint64): ctypes.c_uint64,
+              np.dtype(np.float32): ctypes.c_float}
+
+
+def _c_arg(a):
+    """One kernel argument as a ctypes value: device arrays by pointer, numpy scalars at their width."""
+    if isinstance(a, np.generic):
+        ct = _C_SCALARS.get(a.dtype)
+        if ct is None:
+            raise TypeError(f"kernel argument {a!r}: numpy scalars of dtype {a.dtype} are not supported")
+        return ct(a.item())
+    ptr = getattr(getattr(a, "data", None), "ptr", None)
+    if ptr is None:
+        raise TypeError(f"kernel argument of type {type(a).__name__} is not a device array or numpy scalar")
+    return ctypes.c_void_p(ptr)
+
+
+def _launch_pdl(func_ptr: int, grid: tuple, block: tuple, args: tuple, smem: int) -> None:
+    import cupy
+
+    lib = _cuda_driver()
+    vals = [_c_arg(a) for a in args]
+    params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in vals])
+    g = tuple(grid) + (1,) * (3 - len(grid))
+    b = tuple(block) + (1,) * (3 - len(block))
+    cfg = _LaunchConfig(g[0], g[1], g[2], b[0], b[1], b[2], smem, cupy.cuda.get_current_stream().ptr,
+                        ctypes.pointer(_PDL_ATTR), 1)
+    err = lib.cuLaunchKernelEx(ctypes.byref(cfg), func_ptr, params, None)
+    if err != 0:
+        raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {err}")
 
 
 _modules: dict[tuple[int, str], object] = {}

@@ -354,17 +354,28 @@ def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: i
                 warps=w, smem=gemv_smem_bytes(w, nb, tw))
 
 
+def uses_pdl(arch) -> bool:
+    """Whether awq_cupy's GEMV / GEMM kernels launch with programmatic dependent launch on ``arch`` (compute
+    capability 9.0+, unless AWQ_CUPY_PDL=0): a kernel may then start while the previous kernel of the stream
+    finishes (when that kernel allows it: only awq_cupy's own do) and request its first weights meanwhile; it
+    reads x and workspaces and writes only once the previous kernel has completed (kernels_cu/common.cuh). The
+    weights must therefore not be written by the awq_cupy kernel launched just before."""
+    import os
+
+    return arch.cc >= 90 and os.environ.get("AWQ_CUPY_PDL", "1") != "0"
+
+
 def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count, tiles=None, warps=None):
     from .jit import arch_of_device
     from .kernels import gemv_variant, kernel
 
-    p = plan_gemv(M, w.K, w.N, w.group_size, arch=arch_of_device(w.device), sm_count=sm_count, tiles=tiles,
-                  warps=warps)
+    arch = arch_of_device(w.device)
+    p = plan_gemv(M, w.K, w.N, w.group_size, arch=arch, sm_count=sm_count, tiles=tiles, warps=warps)
     k = kernel("gemv_tc", gemv_variant(kind, p["token_blocks"], p["tiles"], p["aligned"]), w.device)
     k.launch((p["grid"],), (32 * p["warps"],),
              (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(w.K),
               as_i32(p["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(w.NT * 64)),
-             smem=p["smem"])
+             smem=p["smem"], pdl=uses_pdl(arch))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -480,6 +491,7 @@ def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, 
     p = plan_gemm(M, w.K, w.N, w.group_size, wgmma=wg, sm_count=sm_count, resident=resident, tiles=tw,
                   splits=splits, batch_invariant=batch_invariant, depth=depth)
     Np = w.NT * 64
+    pdl = uses_pdl(arch)
     ws = _workspace(p["splits"] * M * Np, w.device) if p["splits"] > 1 else _NULL
     xin = x2
     if wg:   # x as per-(token tile, 64-k unit) shared-memory images, each brought in by one bulk copy
@@ -488,16 +500,16 @@ def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, 
         xin = _workspace(chunks * 4, w.device, "x_tiles")
         kernel("gemm_wg", tile_x_variant(kind), w.device).launch(
             (min(-(-chunks // 256), 1 << 16),), (256,),
-            (x2, xin, as_i32(M), as_i32(w.K), as_i32(w.KS), as_i32(BM), np.int64(chunks)))
+            (x2, xin, as_i32(M), as_i32(w.K), as_i32(w.KS), as_i32(BM), np.int64(chunks)), pdl=pdl)
     gk.launch(p["grid"], (32 * GEMM_WARPS,),
               (xin, w.qtiles, w.scales, w.zeros, bias_arg, y2, ws, as_i32(M), as_i32(w.N), as_i32(w.K),
                as_i32(p["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(Np), as_i32(p["per"])),
-              smem=p["smem"])
+              smem=p["smem"], pdl=pdl)
     if p["splits"] > 1:
         rk = kernel("gemm_tc", reduce_variant(kind), w.device)
         pairs = M * w.N // 2
         rk.launch((min(-(-pairs // 256), 4096),), (256,),
-                  (ws, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(Np), as_i32(p["splits"])))
+                  (ws, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(Np), as_i32(p["splits"])), pdl=pdl)
 
 
 _sm_counts: dict = {}

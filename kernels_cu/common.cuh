@@ -235,6 +235,25 @@ AWQ_DEVICE void mbar_wait(u32 bar, u32 parity) {
 }
 #endif
 
+// ------------------------------------------------------------------------------------------------------------
+// Programmatic dependent launch (sm_90, PTX "griddepcontrol"). awq_cupy launches its kernels on sm_90 with the
+// programmatic-stream-serialization attribute (awq_cupy/jit.py Kernel.launch(pdl=True)), so a kernel may start
+// while the previous kernel of the stream is finishing, once every CTA of that kernel has called pdl_trigger().
+// Such a kernel reads only the weights (written long before, never by these kernels) until it calls pdl_wait(),
+// which returns once the previous kernel has completed and its writes are visible; it reads x and workspaces and
+// writes anything only after that. Without the attribute (other GPUs, other launchers) both are no-ops.
+// ------------------------------------------------------------------------------------------------------------
+AWQ_DEVICE void pdl_wait() {
+#if AWQ_CUPY_CC >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+AWQ_DEVICE void pdl_trigger() {
+#if AWQ_CUPY_CC >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 // Four 8x8 b16 matrices from shared memory (PTX "ldmatrix"); lane l gives the row address of matrix l / 8.
 AWQ_DEVICE void ldmatrix_x4(u32 (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"

@@ -22,6 +22,8 @@ __global__ void awq_splitk_reduce_kernel(
     const T* __restrict__ bias,    // [N] or nullptr
     T* __restrict__ y,             // [M, N]
     int M, int N, int Np, int splits) {
+  pdl_trigger();
+  pdl_wait();   // the partials come from the GEMM launched just before
   const long long pairs = (long long)M * (N / 2);
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < pairs;
        i += (long long)gridDim.x * blockDim.x) {
@@ -88,6 +90,8 @@ __global__ void __launch_bounds__(awq_sw::THREADS, 1) awq_gemm_sw_kernel(
     int units_per_split) {
   using namespace awq_sw;
   static_assert(NB % 2 == 0, "token blocks come in pairs (one ldmatrix.x4 each)");
+  pdl_trigger();   // the split-K reduce may launch now: it waits for this grid before reading the partials
+  pdl_wait();      // x may come from the previous kernel (x and weights are loaded together here)
   static_assert(P >= 2, "at least one unit loaded ahead");
   constexpr int BM = 8 * NB, SZ = GA ? 1 : 2;
   constexpr int SLOT_BYTES = BM * 64 * 2;

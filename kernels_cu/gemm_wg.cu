@@ -56,6 +56,8 @@ AWQ_DEVICE u64 desc_sw128(u32 addr) {
 template <typename T>
 __global__ void __launch_bounds__(256) awq_tile_x_kernel(const T* __restrict__ x, uint4* __restrict__ xt, int M,
                                                        int K, int KS, int BM, long long chunks) {
+  pdl_trigger();   // the GEMM may launch and load its first weights meanwhile
+  pdl_wait();      // x may come from the previous kernel
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < chunks;
        i += (long long)gridDim.x * blockDim.x) {
     const int c = (int)(i & 7);
@@ -96,6 +98,7 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
   const u32 smem0 = (raw0 + 1023u) & ~1023u;
   const u32 bar0 = smem_addr(bars);
 
+  pdl_trigger();   // the split-K reduce may launch now: it waits for this grid before reading the partials
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int m0 = blockIdx.z * BM;
   const int ub = blockIdx.y * units_per_split;
@@ -108,12 +111,6 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
     const int s = v % SLOTS;
     bulk_load(smem0 + s * SLOT_BYTES, xsrc + (long long)v * (BM * 64), SLOT_BYTES, bar0 + 8 * s);
   };
-  if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < SLOTS; ++s) mbar_init(bar0 + 8 * s, 1);
-    mbar_init_fence();
-    for (int v = 0; v < min(n, SLOTS - 2); ++v) request(v);
-  }
 
   float acc[TW][R];
 #pragma unroll
@@ -143,11 +140,20 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
     }
   };
 
-  // Prologue: P - 1 units of weights in registers; the barriers initialised before anyone waits on them.
+  // Prologue: P - 1 units of weights in registers, requested before awq_tile_x_kernel has finished (programmatic
+  // dependent launch, common.cuh); the x tiles and every write only after pdl_wait(). The barriers are
+  // initialised before anyone waits on them.
   typename Stream::Stage st[P];
 #pragma unroll
   for (int j = 0; j < P - 1; ++j)
     if (j < n) units.load(st[j]);
+  pdl_wait();
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) mbar_init(bar0 + 8 * s, 1);
+    mbar_init_fence();
+    for (int v = 0; v < min(n, SLOTS - 2); ++v) request(v);
+  }
   __syncthreads();
 #pragma unroll
   for (int i = 0; i < TW; ++i) pin(acc[i]);

@@ -58,6 +58,7 @@ __global__ void __launch_bounds__(awq_gemv::Bounds<NB, TW, GA>::threads, 1) awq_
   constexpr int PV = TW * NB * 4;     // fp32 accumulators per lane
   extern __shared__ __align__(16) unsigned char smem[];
 
+  pdl_trigger();   // the next kernel may launch now: it waits for this one before it touches y or x
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
   const int g8 = lane >> 2, t4 = lane & 3;
 
@@ -98,11 +99,7 @@ __global__ void __launch_bounds__(awq_gemv::Bounds<NB, TW, GA>::threads, 1) awq_
     u32 xb[NB][8];          // (b0, b1) of the unit's 4 k16 steps
     u32 s[SZ][TW], z[SZ][TW];
   };
-  auto load = [&](Stage& st) {
-#pragma unroll
-    for (int i = 0; i < TW; ++i)
-      st.w[i] = i < l_nv ? __ldcs(l_w + i * blk_words) : make_uint4(0u, 0u, 0u, 0u);
-    const int k0 = 64 * l_ks;
+  auto load_x = [&](Stage& st, int k0) {   // the x^T fragments of the unit starting at k0
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
@@ -110,6 +107,14 @@ __global__ void __launch_bounds__(awq_gemv::Bounds<NB, TW, GA>::threads, 1) awq_
         const int k = k0 + 16 * (j >> 1) + 8 * (j & 1);   // + 2 t4 inside xrow
         st.xb[nb][j] = (xtok[nb] && k + 2 * t4 < K) ? __ldg(reinterpret_cast<const u32*>(xrow[nb] + k)) : 0u;
       }
+  };
+  // The next unit's weights, scales, zeros (and x unless with_x is false), then advance the cursor.
+  auto load = [&](Stage& st, bool with_x) {
+#pragma unroll
+    for (int i = 0; i < TW; ++i)
+      st.w[i] = i < l_nv ? __ldcs(l_w + i * blk_words) : make_uint4(0u, 0u, 0u, 0u);
+    const int k0 = 64 * l_ks;
+    if (with_x) load_x(st, k0);
 #pragma unroll
     for (int h = 0; h < SZ; ++h) {
       // the unit's second 32 k may start the next group (GA false); past K any group would do, keep this one
@@ -239,14 +244,24 @@ __global__ void __launch_bounds__(awq_gemv::Bounds<NB, TW, GA>::threads, 1) awq_
   // registers allow it under the launch bound, else 2).
   constexpr int S = awq_gemv::Bounds<NB, TW, GA>::stages;
   Stage st[S];
+  // Prologue: the first units' weights are requested before the previous kernel of the stream has finished
+  // (programmatic dependent launch, common.cuh); x only after pdl_wait().
+  int pk[S - 1];
 #pragma unroll
   for (int j = 0; j < S - 1; ++j)
-    if (j < run) load(st[j]);
+    if (j < run) {
+      pk[j] = 64 * l_ks;
+      load(st[j], false);
+    }
+  pdl_wait();
+#pragma unroll
+  for (int j = 0; j < S - 1; ++j)
+    if (j < run) load_x(st[j], pk[j]);
   for (int it = 0; it < run; it += S) {
 #pragma unroll
     for (int j = 0; j < S; ++j) {
       if (it + j >= run) break;
-      if (it + j + S - 1 < run) load(st[(j + S - 1) % S]);
+      if (it + j + S - 1 < run) load(st[(j + S - 1) % S], true);
       compute(st[j], it + j);
     }
   }

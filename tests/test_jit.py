@@ -517,3 +517,45 @@ def test_import_does_not_import_cupy(tmp_path):
                        timeout=120)
     assert r.returncode == 0, r.stderr
     assert not (tmp_path / "cache").exists(), "import must not touch the compile cache"
+
+
+def test_pdl_launch_structs_match_the_driver_api_layout():
+    """cuLaunchKernelEx is called through ctypes: CUlaunchConfig (56 bytes: hStream at 32, attrs at 40, numAttrs at
+    48) and CUlaunchAttribute (72 bytes: id, 4 bytes of padding, a 64-byte value union) as in cuda.h (CUDA 12+)."""
+    import ctypes
+
+    assert ctypes.sizeof(jit._LaunchConfig) == 56
+    assert (jit._LaunchConfig.hStream.offset, jit._LaunchConfig.attrs.offset,
+            jit._LaunchConfig.numAttrs.offset) == (32, 40, 48)
+    assert ctypes.sizeof(jit._LaunchAttribute) == 72 and jit._LaunchAttribute.value.offset == 8
+    assert jit._CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION == 6
+
+
+def test_pdl_kernel_arguments_keep_their_width():
+    import ctypes
+
+    import numpy as np
+
+    assert isinstance(jit._c_arg(np.int32(-3)), ctypes.c_int32) and jit._c_arg(np.int32(-3)).value == -3
+    assert isinstance(jit._c_arg(np.int64(1 << 40)), ctypes.c_int64)
+    assert isinstance(jit._c_arg(np.uint64(0)), ctypes.c_uint64)   # a null pointer argument
+    assert isinstance(jit._c_arg(np.float32(0.5)), ctypes.c_float)
+    with pytest.raises(TypeError, match="float64"):
+        jit._c_arg(np.float64(1.0))
+    with pytest.raises(TypeError, match="not a device array"):
+        jit._c_arg([1, 2])
+
+    class FakeArray:        # anything with .data.ptr (a CuPy array) goes by pointer
+        class data:
+            ptr = 0x1000
+
+    assert jit._c_arg(FakeArray()).value == 0x1000
+
+
+def test_pdl_only_on_compute_capability_9(monkeypatch):
+    from awq_cupy.ops import uses_pdl
+
+    assert uses_pdl(jit.ARCHS["90"]) and uses_pdl(jit.ARCHS["90a"])
+    assert not any(uses_pdl(jit.ARCHS[k]) for k in ("75", "80", "86", "89"))
+    monkeypatch.setenv("AWQ_CUPY_PDL", "0")
+    assert not uses_pdl(jit.ARCHS["90"])
