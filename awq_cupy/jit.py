@@ -483,10 +483,11 @@ class _LaunchConfig(ctypes.Structure):
 
 _libcuda = None
 _PDL_ATTR = None
+_PDL_ATTR_PTR = None
 
 
 def _cuda_driver():
-    global _libcuda, _PDL_ATTR
+    global _libcuda, _PDL_ATTR, _PDL_ATTR_PTR
     if _libcuda is None:
         lib = ctypes.CDLL("libcuda.so.1")
         lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
@@ -496,41 +497,48 @@ def _cuda_driver():
         attr.id = _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
         ctypes.memmove(ctypes.addressof(attr) + _LaunchAttribute.value.offset,
                        ctypes.byref(ctypes.c_int(1)), 4)   # programmaticStreamSerializationAllowed = 1
-        _PDL_ATTR, _libcuda = attr, lib
+        _PDL_ATTR, _PDL_ATTR_PTR, _libcuda = attr, ctypes.pointer(attr), lib
     return _libcuda
 
 
-_C_SCALARS = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.int64): ctypes.c_int64,
-              np.dtype(np.uint32): ctypes.c_uint32, np.dtype(np.uint64): ctypes.c_uint64,
-              np.dtype(np.float32): ctypes.c_float}
+_INT_SCALARS = (np.int32, np.int64, np.uint32, np.uint64)
+_MASK64 = (1 << 64) - 1
 
 
-def _c_arg(a):
-    """One kernel argument as a ctypes value: device arrays by pointer, numpy scalars at their width."""
+def _arg_bits(a) -> int:
+    """One kernel argument as the 64-bit little-endian word whose first bytes are its value: device arrays by
+    pointer, numpy integer scalars at their own width (the low bytes), float32 by bit pattern. Each argument gets
+    an 8-byte slot, so a 4-byte argument is read from the low half of its slot."""
     if isinstance(a, np.generic):
-        ct = _C_SCALARS.get(a.dtype)
-        if ct is None:
-            raise TypeError(f"kernel argument {a!r}: numpy scalars of dtype {a.dtype} are not supported")
-        return ct(a.item())
+        if isinstance(a, _INT_SCALARS):
+            return int(a) & _MASK64
+        if isinstance(a, np.float32):
+            return int(np.asarray(a).view(np.uint32))
+        raise TypeError(f"kernel argument {a!r}: numpy scalars of dtype {a.dtype} are not supported")
     ptr = getattr(getattr(a, "data", None), "ptr", None)
     if ptr is None:
         raise TypeError(f"kernel argument of type {type(a).__name__} is not a device array or numpy scalar")
-    return ctypes.c_void_p(ptr)
+    return int(ptr)
 
 
 def _launch_pdl(func_ptr: int, grid: tuple, block: tuple, args: tuple, smem: int) -> None:
     import cupy
 
     lib = _cuda_driver()
-    vals = [_c_arg(a) for a in args]
-    params = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in vals])
+    n = len(args)
+    slots = (ctypes.c_uint64 * n)(*[_arg_bits(a) for a in args])
+    base = ctypes.addressof(slots)
+    params = (ctypes.c_void_p * n)(*range(base, base + 8 * n, 8))
     g = tuple(grid) + (1,) * (3 - len(grid))
     b = tuple(block) + (1,) * (3 - len(block))
     cfg = _LaunchConfig(g[0], g[1], g[2], b[0], b[1], b[2], smem, cupy.cuda.get_current_stream().ptr,
-                        ctypes.pointer(_PDL_ATTR), 1)
+                        _PDL_ATTR_PTR, 1)
     err = lib.cuLaunchKernelEx(ctypes.byref(cfg), func_ptr, params, None)
     if err != 0:
-        raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {err}")
+        name = ctypes.c_char_p()
+        lib.cuGetErrorName(err, ctypes.byref(name))
+        raise RuntimeError(f"cuLaunchKernelEx failed: CUresult {err} "
+                           f"({(name.value or b'unknown').decode()})")
 
 
 _modules: dict[tuple[int, str], object] = {}

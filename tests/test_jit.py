@@ -531,25 +531,31 @@ def test_pdl_launch_structs_match_the_driver_api_layout():
     assert jit._CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION == 6
 
 
-def test_pdl_kernel_arguments_keep_their_width():
+def test_pdl_kernel_arguments_fill_8_byte_slots_little_endian():
+    """cuLaunchKernelEx reads each parameter's own width from its pointer: every argument gets an 8-byte slot
+    holding its value in the low bytes (little-endian), so an int32 is read from the low half."""
     import ctypes
 
     import numpy as np
 
-    assert isinstance(jit._c_arg(np.int32(-3)), ctypes.c_int32) and jit._c_arg(np.int32(-3)).value == -3
-    assert isinstance(jit._c_arg(np.int64(1 << 40)), ctypes.c_int64)
-    assert isinstance(jit._c_arg(np.uint64(0)), ctypes.c_uint64)   # a null pointer argument
-    assert isinstance(jit._c_arg(np.float32(0.5)), ctypes.c_float)
+    slots = (ctypes.c_uint64 * 5)(*[jit._arg_bits(v) for v in (np.int32(-3), np.int64(1 << 40), np.uint64(0),
+                                                                np.float32(0.5), np.int32(7))])
+    base = ctypes.addressof(slots)
+    assert ctypes.c_int32.from_address(base).value == -3
+    assert ctypes.c_int64.from_address(base + 8).value == 1 << 40
+    assert ctypes.c_uint64.from_address(base + 16).value == 0            # a null pointer argument
+    assert ctypes.c_float.from_address(base + 24).value == 0.5
+    assert ctypes.c_int32.from_address(base + 32).value == 7
     with pytest.raises(TypeError, match="float64"):
-        jit._c_arg(np.float64(1.0))
+        jit._arg_bits(np.float64(1.0))
     with pytest.raises(TypeError, match="not a device array"):
-        jit._c_arg([1, 2])
+        jit._arg_bits([1, 2])
 
     class FakeArray:        # anything with .data.ptr (a CuPy array) goes by pointer
         class data:
             ptr = 0x1000
 
-    assert jit._c_arg(FakeArray()).value == 0x1000
+    assert jit._arg_bits(FakeArray()) == 0x1000
 
 
 def test_pdl_only_on_compute_capability_9(monkeypatch):
