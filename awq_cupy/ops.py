@@ -156,7 +156,7 @@ _MIN_STAGES_PER_SPLIT = 4    # each split gets at least 4 x 64 k (default of pla
 # busiest SM, plus each split's fp32 partials (8 bytes per output at ~3 TB/s) and ~3 us for the reduce kernel.
 # The unit time of the v1 GEMM was ~1.75 us whatever the m-block count (latency-bound); the v12 kernels pass their
 # own (_unit_us). CTAs sharing an SM each run slower: k co-resident CTAs take 1 + _SHARE x (k - 1) times as long
-# as one alone (fitted to the v13 sweeps, results/h200_gemm_sweep_v14.txt: Mistral-7B o at M = 128 with two CTAs
+# as one alone (fitted to the v14 sweeps, results/h200_gemm_sweep_v14.txt: Mistral-7B o at M = 128 with two CTAs
 # per SM, 4 splits = 128 CTAs on 132 SMs 20.4 us, 5 splits = 160 CTAs 23.3 us, 8 splits 21.6 us; counting the
 # two resident CTAs as independent slots, as before, picked 5).
 _STAGE_US, _PARTIAL_TBPS, _REDUCE_US, _SHARE = 1.75, 3.0, 3.0, 0.3
@@ -224,10 +224,10 @@ def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
     Runs on the caller's current CuPy stream without synchronising, and is capturable in a CUDA graph (under
     capture pass ``out=`` and keep it alive with the graph). On compute capability 9.0 the kernels launch with
     programmatic dependent launch (``uses_pdl``): they may start before the previous awq_cupy kernel of the stream
-    has finished and read ``w`` meanwhile, so that kernel must not be the one writing ``w``. Dispatch by M (table: ``awq_cupy.dispatch``):
-    small M (up to 12 on the H200) runs the swapped-operand tensor-core GEMV (kernels_cu/gemv_tc.cu; exact
-    (q - z) in the mma, scales applied to fp32 group sums, partial sums added in a fixed order: bitwise
-    reproducible run to run); middle M runs the tensor-core GEMM (kernels_cu/gemm_wg.cu with Hopper wgmma on
+    has finished and read ``w`` meanwhile, so that kernel must not be the one writing ``w``.
+    Dispatch by M (table: ``awq_cupy.dispatch``): small M (up to 12 on the H200) runs the swapped-operand
+    tensor-core GEMV (kernels_cu/gemv_tc.cu; exact (q - z) in the mma, scales applied to fp32 group sums,
+    partial sums added in a fixed order: bitwise reproducible run to run); middle M runs the tensor-core GEMM (kernels_cu/gemm_wg.cu with Hopper wgmma on
     compute capability 9.0, kernels_cu/gemm_tc.cu with mma.sync elsewhere; (q - z) * s rounded once in x's
     dtype, fp32 split-K partials added in a fixed order); large fp16 M runs dequantize + cuBLAS
     (a temporary dense [K, N] weight), except while the stream is capturing a CUDA graph, where the fused

@@ -6,8 +6,8 @@ Every measurement is also logged to stderr as it completes (with the time since 
 which one it is.
 Per (layer, M): the mma.sync kernel (gemm_tc.cu, M <= 32) and the wgmma kernel (gemm_wg.cu, sm_90 only) with
 their planned launches, then every instantiated wgmma shape (token blocks, column blocks per warp, depth) of M's
-token tile at split counts 1, 2, 4, 8 (16 up to M = 128) and the planned one. Prints the best five per (layer, M) and the sums;
-the JSON holds every measurement with the plan's split count and CTAs per SM (for the cost model).
+token tile at split counts 1, 2, 4, 8 (16 up to M = 128) and the planned one. Prints the best five per (layer, M)
+and the sums; the JSON holds every measurement with the plan's split count and CTAs per SM (for the cost model).
 """
 import json
 import sys

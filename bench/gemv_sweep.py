@@ -39,8 +39,8 @@ for name, K, N in MODELS["mistral-7b"]:
                 us = timer(lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, "float16", sms, tiles=tw,
                                                       warps=warps), max(20, nq), 3)
                 res.append((us, tw, warps))
-                best = sums.get((M, "gemv"), {}).get(name)
-                sums.setdefault((M, "gemv"), {})[name] = us if best is None else min(best, us)
+                best = sums.setdefault((M, "gemv"), {})
+                best[name] = min(best.get(name, us), us)
         if M > 8:
             us = timer(lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, "float16", arch, sms, False),
                        max(20, nq), 3)
