@@ -226,12 +226,12 @@ def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
     programmatic dependent launch (``uses_pdl``): they may start before the previous awq_cupy kernel of the stream
     has finished and read ``w`` meanwhile, so that kernel must not be the one writing ``w``.
     Dispatch by M (table: ``awq_cupy.dispatch``): small M (up to 12 on the H200) runs the swapped-operand
-    tensor-core GEMV (kernels_cu/gemv_tc.cu; exact (q - z) in the mma, scales applied to fp32 group sums,
-    partial sums added in a fixed order: bitwise reproducible run to run); middle M runs the tensor-core GEMM (kernels_cu/gemm_wg.cu with Hopper wgmma on
-    compute capability 9.0, kernels_cu/gemm_tc.cu with mma.sync elsewhere; (q - z) * s rounded once in x's
-    dtype, fp32 split-K partials added in a fixed order); large fp16 M runs dequantize + cuBLAS
-    (a temporary dense [K, N] weight), except while the stream is capturing a CUDA graph, where the fused
-    GEMM runs instead because CuPy cannot capture cuBLAS.
+    tensor-core GEMV (kernels_cu/gemv_tc.cu; exact (q - z) in the mma, scales applied to fp32 group sums, partial
+    sums added in a fixed order: bitwise reproducible run to run); middle M runs the tensor-core GEMM
+    (kernels_cu/gemm_wg.cu with Hopper wgmma on compute capability 9.0, kernels_cu/gemm_tc.cu with mma.sync
+    elsewhere; (q - z) * s rounded once in x's dtype, fp32 split-K partials added in a fixed order); large fp16 M
+    runs dequantize + cuBLAS (a temporary dense [K, N] weight), except while the stream is capturing a CUDA graph,
+    where the fused GEMM runs instead because CuPy cannot capture cuBLAS.
 
     Batch invariance: by default a row's result can depend on M (the kernel and its split-K count are chosen
     from M). With ``batch_invariant=True`` one kernel with a split count chosen from (K, N) alone runs for every
