@@ -56,7 +56,9 @@ TABLE: dict[str, Dispatch] = {
     # (90.0 vs 89.4 us, 92.6 vs 95.0 in the previous tune): 12 kept. With one block per warp and 6 units in
     # registers the wgmma GEMM beats the mma.sync one from the 32-token tile on (bench/gemm_sweep.py: M = 20
     # 97.2 vs 102.3 us, M = 32 98.6 vs 103.9), not at M = 16 (95.4 vs 88.8): wgmma from M = 17.
-    "90": Dispatch(gemv_max_m=12, cublas_min_m=768, wgmma_min_m=17),
+    # v16 (NOTES): x^T in the layout's k order, one 16-byte load per 32-k half, took the GEMV's 16-token variant
+    # off its L1 limit (bench/gemv_sweep.py: M = 12 62.9 vs GEMM 96.3 us, M = 16 63.6 vs 96.6): GEMV up to 16.
+    "90": Dispatch(gemv_max_m=16, cublas_min_m=768, wgmma_min_m=17),
     "default": Dispatch(gemv_max_m=12, cublas_min_m=256),
 }
 

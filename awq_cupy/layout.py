@@ -5,17 +5,20 @@ A ``QuantizedWeight`` holds, for ``W[k, n] = (Q[k, n] - Z[g, n]) * S[g, n]`` wit
 * ``qtiles`` uint32 ``[NT16, KS, 32, 4]`` with ``NT16 = Np / 16``, ``KS = Kp / 64`` and ``Np``, ``Kp`` = N, K rounded
   up to multiples of 64 (``TILE_N`` and ``K_ALIGN``). Block ``(t, ks)`` covers ``n in [16 t, 16 t + 16)`` and
   ``k in [64 ks, 64 ks + 64)`` in 512 contiguous bytes; lane ``l`` of a warp loads its 16 bytes
-  ``qtiles[t, ks, l]``, and word ``i`` of them is the k16 step ``4 ks + i``. With ``r = l % 4``, ``c = l // 4``,
-  word ``i`` holds 8 codes, value ``v`` in nibble slot ``REV[v]``::
+  ``qtiles[t, ks, l]``, and word ``i`` of them is the operand of the block's mma k16 step ``i``. With
+  ``r = l % 4``, ``c = l // 4``, word ``i`` holds 8 codes, value ``v`` in nibble slot ``REV[v]``::
 
-      Q[64 ks + 16 i + 2r + (v & 1) + 8 ((v >> 1) & 1),  16 t + c + 8 (v >> 2)]
+      Q[64 ks + 32 (i >> 1) + 8 r + 4 (i & 1) + 2 ((v >> 1) & 1) + (v & 1),  16 t + c + 8 (v >> 2)]
 
-  so that the fp16/bf16 "magic number" conversion of ``(w, w >> 4)`` and ``(w >> 8, w >> 12)`` yields exactly
-  the lane's ``mma.m16n8k16`` B fragments of the two n8 blocks of the 16 columns (Marlin's fragment order, with
-  asymmetric zeros), or, read as ``(w, w >> 8, w >> 4, w >> 12)``, its A fragment when the weights are the
-  16-row operand (the GEMV). Blocks are stored column-block major: one 16-column block's whole K is contiguous,
-  so a warp streams any run of (block, k) units from one linear range. Codes outside ``K x N`` are 0: the
-  kernels zero-fill ``x`` for ``k >= K`` and drop columns ``>= N``.
+  The fp16/bf16 "magic number" conversion of ``(w, w >> 8, w >> 4, w >> 12)`` yields the lane's
+  ``mma.m16n8k16`` A fragment of the 16 channels (the weights are the 16-row operand, x^T the 8-token one), for
+  the mma k index ``kappa = 16 (i & 1) + 8 f + 2 r + e`` of the 32-k half ``i >> 1`` standing for the real
+  ``k = 8 r + 4 (i & 1) + 2 f + e`` (``f = (v >> 1) & 1``, ``e = v & 1``). The mma only needs x^T in the same
+  order (``k_of_kappa``): then lane ``(g, r)``'s x^T fragments of a 32-k half are the 8 consecutive values
+  ``x[token g, 32 h + 8 r .. + 7]``, one 16-byte load (the GEMV), and a half never straddles a group (G % 32 ==
+  0). Blocks are stored column-block major: one 16-column block's whole K is contiguous, so a warp streams any
+  run of (block, k) units from one linear range. Codes outside ``K x N`` are 0: the kernels zero-fill ``x`` for
+  ``k >= K`` and drop columns ``>= N``.
 * ``scales`` ``[NG, Np]`` in the activation dtype, each 16-column block permuted so position ``2c + h`` holds
   column ``c + 8h`` (lane ``c`` then reads the two fragment columns of a block, ``c`` and ``c + 8``, as one
   32-bit word, and a block's 16 scales are 32 contiguous bytes); padded columns 0.
@@ -39,6 +42,13 @@ MAGIC_BITS = {"float16": 0x6400, "bfloat16": 0x4300}   # 1024.0 in fp16, 128.0 i
 REV = np.array([0, 4, 1, 5, 2, 6, 3, 7])               # value v -> nibble slot
 
 
+def k_of_kappa(kappa):
+    """The real k (0..63) inside a 64-k block of the mma k index ``kappa = 16 i + 8 f + 2 r + e`` (word i, pair f
+    of lane r, element e): ``32 (i >> 1) + 8 r + 4 (i & 1) + 2 f + e``. x^T enters every mma in this order."""
+    i, f, r, e = kappa >> 4, (kappa >> 3) & 1, (kappa >> 1) & 3, kappa & 1
+    return 32 * (i >> 1) + 8 * r + 4 * (i & 1) + 2 * f + e
+
+
 def padded_sizes(K: int, N: int) -> tuple[int, int]:
     """(Kp, Np): K rounded up to K_ALIGN, N rounded up to TILE_N."""
     return -(-K // K_ALIGN) * K_ALIGN, -(-N // TILE_N) * TILE_N
@@ -52,9 +62,10 @@ def pack_tiles(Q):
     Qp = xp.zeros((Kp, Np), dtype=xp.uint32)
     Qp[:K, :N] = Q
     KS, NT16 = Kp // K_ALIGN, Np // 16
-    # k = 64 ks + 16 i + 8 f + 2 r + e ; n = 16 t + 8 h + c ; lane = 4 c + r ; value v = 4 h + 2 f + e
-    T = Qp.reshape(KS, 4, 2, 4, 2, NT16, 2, 8)                    # ks, i, f, r, e, t, h, c
-    V = T.transpose(5, 0, 7, 3, 1, 6, 2, 4).reshape(NT16, KS, 32, 4, 8)
+    # k = 64 ks + 32 hh + 8 r + 4 i2 + 2 f + e (word i = 2 hh + i2); n = 16 t + 8 h + c; lane = 4 c + r;
+    # value v = 4 h + 2 f + e
+    T = Qp.reshape(KS, 2, 4, 2, 2, 2, NT16, 2, 8)                 # ks, hh, r, i2, f, e, t, h, c
+    V = T.transpose(6, 0, 8, 2, 1, 3, 7, 4, 5).reshape(NT16, KS, 32, 4, 8)
     words = xp.zeros((NT16, KS, 32, 4), dtype=xp.uint32)
     for v in range(8):
         words |= V[..., v] << xp.uint32(4 * int(REV[v]))
@@ -67,8 +78,8 @@ def unpack_tiles(qtiles, K: int, N: int):
     NT16, KS = qtiles.shape[:2]
     shifts = xp.asarray((4 * REV).astype(np.uint32))
     V = (qtiles[..., None] >> shifts) & xp.uint32(0xF)                 # t, ks, lane, i, v
-    V = V.reshape(NT16, KS, 8, 4, 4, 2, 2, 2)                           # t, ks, c, r, i, h, f, e
-    Qp = V.transpose(1, 4, 6, 3, 7, 0, 5, 2).reshape(KS * K_ALIGN, NT16 * 16)
+    V = V.reshape(NT16, KS, 8, 4, 2, 2, 2, 2, 2)                        # t, ks, c, r, hh, i2, h, f, e
+    Qp = V.transpose(1, 4, 3, 5, 7, 8, 0, 6, 2).reshape(KS * K_ALIGN, NT16 * 16)
     return Qp[:K, :N].astype(xp.uint8)
 
 

@@ -315,15 +315,15 @@ def uses_cublas(M: int, dtype: str, arch_key: str = "90", batch_invariant: bool 
 
 
 def gemv_tiles_for(M: int, NT16: int, grid: int) -> int:
-    """16-column blocks per GEMV warp unit, from the H200 sweep (bench/gemv_sweep.py, bench/NOTES.md v10): pairs
-    (16 warps; 12 with two token blocks) almost everywhere; four blocks (12 warps) once M > 4 and each CTA has at
-    least 8 blocks (x fragments shared by more blocks); single blocks when a CTA has only one."""
+    """16-column blocks per GEMV warp unit, from the H200 sweep (bench/gemv_sweep.py, bench/NOTES.md v16): up to
+    8 tokens four blocks (12 warps) once a CTA has three or more blocks, else pairs (16 warps); pairs (12 warps)
+    with two token blocks; single blocks when a CTA has only one."""
     most = -(-NT16 // grid)
     if most < 2:
         return 1
     if M > 8:
         return 2
-    return 4 if M > 4 and most >= 8 else 2
+    return 4 if most >= 3 else 2
 
 
 def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: int = 132,

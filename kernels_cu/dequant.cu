@@ -52,6 +52,9 @@ __global__ void awq_dequant_gemm_kernel(
 // One warp per 64(k) x 64(n) block (four 16-column blocks of the layout): each lane converts its four 16-byte
 // words (128 values) into a shared-memory tile, then the warp writes the block's 64 rows as 128-byte coalesced
 // segments (16-byte stores; N % 8 == 0 keeps them aligned; columns >= N and rows >= K are not written).
+// Word i of lane (r, c) holds k rows 32 (i >> 1) + 8 r + 4 (i & 1) + 0..3 (layout.k_of_kappa): the four lanes of
+// a row group write rows 8 apart, so the tile's 16-byte chunks are XOR-swizzled by (row / 8) % 8 to keep their
+// stores in different banks.
 // Grid-stride over blocks; 4 warps per CTA. Launched by awq_cupy.dequantize and the dequantize + cuBLAS path
 // of awq_cupy.matmul.
 template <typename T>
@@ -62,6 +65,7 @@ __global__ void __launch_bounds__(128) awq_dequant_tiles_kernel(
     T* __restrict__ out,               // [K, N]
     int K, int N, int NT, int KS, int G, int NG) {
   __shared__ __align__(16) unsigned short tile[4][64][64 + 8];   // +8: rows 144 B apart, fewer bank conflicts
+  auto col_at = [](int row, int col) { return (((col >> 3) ^ ((row >> 3) & 7)) << 3) | (col & 7); };
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int r = lane & 3, c = lane >> 2;
   const int Np = NT * 64;
@@ -72,8 +76,8 @@ __global__ void __launch_bounds__(128) awq_dequant_tiles_kernel(
     const u32* sp[4];
     const u32* zp[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {                                 // k16 step 4 ks + i lies in one group
-      const long long off = (long long)min((64 * ks + 16 * i) / G, NG - 1) * Np + nt * 64 + 2 * c;
+    for (int i = 0; i < 4; ++i) {                                 // word i lies in the 32-k half i / 2: one group
+      const long long off = (long long)min((64 * ks + 32 * (i >> 1)) / G, NG - 1) * Np + nt * 64 + 2 * c;
       sp[i] = reinterpret_cast<const u32*>(scales + off);
       zp[i] = reinterpret_cast<const u32*>(zeros + off);
     }
@@ -89,13 +93,13 @@ __global__ void __launch_bounds__(128) awq_dequant_tiles_kernel(
         for (int h = 0; h < 2; ++h) {
           const u32 s2 = h ? bcast_hi(sw) : bcast_lo(sw);
           const u32 z2 = h ? bcast_hi(zw) : bcast_lo(zw);
-          const u32 lo = dequant_pair<T>(int4pair_magic<T>(w >> (8 * h)), z2, s2);      // k 2r, 2r+1
-          const u32 hi = dequant_pair<T>(int4pair_magic<T>(w >> (8 * h + 4)), z2, s2);  // k 2r+8, 2r+9
-          const int col = 16 * j + 8 * h + c, row = 16 * i + 2 * r;
+          const u32 lo = dequant_pair<T>(int4pair_magic<T>(w >> (8 * h)), z2, s2);      // pair f = 0
+          const u32 hi = dequant_pair<T>(int4pair_magic<T>(w >> (8 * h + 4)), z2, s2);  // pair f = 1
+          const int row = 32 * (i >> 1) + 8 * r + 4 * (i & 1), col = col_at(row, 16 * j + 8 * h + c);
           tile[warp][row][col] = (unsigned short)(lo & 0xFFFF);
           tile[warp][row + 1][col] = (unsigned short)(lo >> 16);
-          tile[warp][row + 8][col] = (unsigned short)(hi & 0xFFFF);
-          tile[warp][row + 9][col] = (unsigned short)(hi >> 16);
+          tile[warp][row + 2][col] = (unsigned short)(hi & 0xFFFF);
+          tile[warp][row + 3][col] = (unsigned short)(hi >> 16);
         }
       }
     }
@@ -106,7 +110,8 @@ __global__ void __launch_bounds__(128) awq_dequant_tiles_kernel(
       const int row = 4 * it + (lane >> 3), chunk = lane & 7;
       const int k = 64 * ks + row, n = nt * 64 + 8 * chunk;
       if (k < K && n < N)
-        *reinterpret_cast<uint4*>(out + (long long)k * N + n) = *reinterpret_cast<const uint4*>(&tile[warp][row][8 * chunk]);
+        *reinterpret_cast<uint4*>(out + (long long)k * N + n) =
+            *reinterpret_cast<const uint4*>(&tile[warp][row][col_at(row, 8 * chunk)]);
     }
     __syncwarp();
   }

@@ -54,8 +54,9 @@ __global__ void awq_splitk_reduce_kernel(
 //   A fragments (16 channels x 64 k, layout.py); no shared memory for weights.
 // - x goes through shared memory so that the 8 warps of a CTA share it: each thread loads its 16-byte chunks of
 //   unit u + P - 1 into registers together with the weights, stores the chunks of unit u + 1 into the other half of
-//   a two-slot buffer (XOR-swizzled) after computing unit u, then one block barrier; warps read B fragments of 8
-//   tokens with ldmatrix.
+//   a two-slot buffer (natural k order, XOR-swizzled) after computing unit u, then one block barrier. In the
+//   layout's mma k order (layout.k_of_kappa) a lane's B fragments of 8 tokens for the two k16 steps of a 32-k
+//   half are 16 consecutive bytes of its token's row: one 16-byte shared load per token block and half.
 // Work split: CTA = 8 warps x TW 16-column blocks (128 TW channels) x BM = 8 NB tokens; grid (column tiles,
 // splits, token tiles). A split covers a contiguous range of 64-k units; split-K CTAs write fp32 partials that
 // awq_splitk_reduce_kernel sums in split order (deterministic). A token's result never depends on NB, TW or on
@@ -69,10 +70,11 @@ constexpr int WARPS = 8;
 constexpr int THREADS = 32 * WARPS;
 }  // namespace awq_sw
 
-// ldmatrix.x4 at a shared-memory byte address.
-AWQ_DEVICE void ldmatrix_x4_at(u32 (&r)[4], u32 addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+// 16 bytes from a shared-memory byte address.
+AWQ_DEVICE uint4 lds128(u32 addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
 }
 
 template <typename T, int NB, int TW, int P, bool GA>
@@ -89,7 +91,6 @@ __global__ void __launch_bounds__(awq_sw::THREADS, 1) awq_gemm_sw_kernel(
     int G, int NG, int Np,            // group size, number of groups, padded N
     int units_per_split) {
   using namespace awq_sw;
-  static_assert(NB % 2 == 0, "token blocks come in pairs (one ldmatrix.x4 each)");
   pdl_trigger();   // the split-K reduce may launch now: it waits for this grid before reading the partials
   pdl_wait();      // x may come from the previous kernel (x and weights are loaded together here)
   static_assert(P >= 2, "at least one unit loaded ahead");
@@ -115,37 +116,33 @@ __global__ void __launch_bounds__(awq_sw::THREADS, 1) awq_gemm_sw_kernel(
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][nb][e] = 0.f;
 
-  // ldmatrix.x4 of token pair p, k16 step t: matrices (tokens 16p..+7, k 16t..+7), (16p..+7, 16t+8..),
-  // (16p+8..+15, 16t..), (16p+8..+15, 16t+8..) = (b0, b1) of token blocks 2p and 2p + 1. This lane's row is
-  // 16p + lrow; its swizzled chunk (2t + lch) ^ (lrow & 7) does not depend on p, so per step one byte offset
-  // serves every p (+ 16 rows x 128 B).
-  const int lrow = (lane & 7) + ((lane >> 4) << 3), lch = (lane >> 3) & 1;
-  u32 loff[4];
+  // Lane (g, t4)'s B fragments (b0, b1) of k16 steps 2 h2 and 2 h2 + 1 for token block nb are the 16 bytes
+  // x[token 8 nb + g, 32 h2 + 8 t4 .. + 7] of the slot (chunk 4 h2 + t4 of row 8 nb + g; rows 8 nb + g keep
+  // g's parity, so one offset per half serves every nb, + 8 rows x 128 B).
+  u32 xoff[2];
 #pragma unroll
-  for (int t = 0; t < 4; ++t) loff[t] = (u32)(awq_units::swz(lrow, 2 * t + lch) * 16);
+  for (int h2 = 0; h2 < 2; ++h2) xoff[h2] = (u32)(awq_units::swz_sw(lane >> 2, 4 * h2 + (lane & 3)) * 16);
 
   auto compute = [&](const typename Stream::Stage& st, u32 slot_addr) {
+    ScaledDecoder<T> dec[TW];
 #pragma unroll
-    for (int h = 0; h < SZ; ++h) {
-      ScaledDecoder<T> dec[TW];
+    for (int h2 = 0; h2 < 2; ++h2) {   // 32-k halves (a half lies in one group: SZ = 2 gives each its own)
+      if (h2 == 0 || SZ == 2) {
 #pragma unroll
-      for (int i = 0; i < TW; ++i) dec[i].set(st.z[h][i], st.s[h][i]);
+        for (int i = 0; i < TW; ++i) dec[i].set(st.z[SZ == 2 ? h2 : 0][i], st.s[SZ == 2 ? h2 : 0][i]);
+      }
+      u32 a[TW][2][4];
 #pragma unroll
-      for (int tt = 0; tt < 4 / SZ; ++tt) {
-        const int t = h * (4 / SZ) + tt;
-        u32 b[NB][2];
+      for (int i = 0; i < TW; ++i)
 #pragma unroll
-        for (int p = 0; p < NB / 2; ++p) {
-          u32 r[4];
-          ldmatrix_x4_at(r, slot_addr + loff[t] + p * 16 * 128);
-          b[2 * p][0] = r[0]; b[2 * p][1] = r[1]; b[2 * p + 1][0] = r[2]; b[2 * p + 1][1] = r[3];
-        }
+        for (int s2 = 0; s2 < 2; ++s2) dec[i].fragment(awq_units::word(st.w[i], 2 * h2 + s2), a[i][s2]);
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+        const uint4 b = lds128(slot_addr + xoff[h2] + nb * 8 * 128);
 #pragma unroll
         for (int i = 0; i < TW; ++i) {
-          u32 a[4];
-          dec[i].fragment(awq_units::word(st.w[i], t), a);
-#pragma unroll
-          for (int nb = 0; nb < NB; ++nb) mma_16816<T>(acc[i][nb], a, b[nb][0], b[nb][1]);
+          mma_16816<T>(acc[i][nb], a[i][0], b.x, b.y);
+          mma_16816<T>(acc[i][nb], a[i][1], b.z, b.w);
         }
       }
     }

@@ -5,9 +5,13 @@
 #include "common.cuh"
 
 namespace awq_units {
-// x tile rows are 64 halves = 8 chunks of 16 B; chunk c of row r is stored at c ^ (r % 8), so the 8 rows an
-// ldmatrix phase reads fall in 8 different bank groups (and the layout is the 128-byte swizzle of wgmma).
+// x tile rows are 64 halves = 8 chunks of 16 B. The wgmma kernel's rows (awq_tile_x_kernel) hold x^T in the
+// layout's mma k order with chunk c of row r stored at c ^ (r % 8) (the 128-byte swizzle of wgmma).
 AWQ_DEVICE int swz(int row, int chunk) { return row * 8 + (chunk ^ (row & 7)); }
+// The mma.sync kernel's rows hold x in natural k order with chunk c of row r at c ^ (4 (r % 2)): its lanes read
+// 16 bytes each, (row g, chunk 4 h + t) for g = 0..7, t = 0..3, and the two rows of each 8-lane phase then fall
+// in different halves of the banks.
+AWQ_DEVICE int swz_sw(int row, int chunk) { return row * 8 + (chunk ^ ((row & 1) << 2)); }
 
 AWQ_DEVICE u32 word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 }  // namespace awq_units
@@ -34,7 +38,8 @@ template <typename T> struct ScaledDecoder {
 // One thread's stream of 64-k units, as running values (no divisions in the loop): per unit its warp's TW weight
 // words (streaming hint), their scale and zero words for the unit's SZ groups (SZ = 2 when G % 64 == 32) and this
 // thread's CPT 16-byte chunks of the BM x 64 x tile (zero past M and K). load() fills a Stage and advances;
-// store_x() writes a Stage's chunks into a shared-memory slot (128-byte rows, swizzled by awq_units::swz).
+// store_x() writes a Stage's chunks into a shared-memory slot (128-byte rows in natural k order, swizzled by
+// awq_units::swz_sw).
 // WX = false: weights, scales and zeros only, x unused (may be null; the wgmma kernel brings x into shared
 // memory by bulk copies).
 template <typename T, int TW, int SZ, int BM, int THREADS, bool WX = true> struct UnitStream {
@@ -74,7 +79,7 @@ template <typename T, int TW, int SZ, int BM, int THREADS, bool WX = true> struc
         const int c = tid + THREADS * r;
         if (c < BM * 8 && m0 + (c >> 3) < M) xok |= 1u << r;
       }
-      xdst = (u32)(awq_units::swz(tid >> 3, tid & 7) * 16);
+      xdst = (u32)(awq_units::swz_sw(tid >> 3, tid & 7) * 16);
     }
     blk_words = (long long)KS * 32;
     l_w = qtiles + (long long)blk0 * blk_words + (long long)ub * 32 + lane;
@@ -115,7 +120,7 @@ template <typename T, int TW, int SZ, int BM, int THREADS, bool WX = true> struc
   AWQ_DEVICE void store_x(const Stage& st, unsigned char* slot) const {
 #pragma unroll
     for (int r = 0; r < CPT; ++r)
-      if (tid + THREADS * r < BM * 8)
+      if (tid + THREADS * r < BM * 8)   // rows THREADS / 8 apart keep their parity, hence the swizzle
         *reinterpret_cast<uint4*>(slot + xdst + r * (THREADS / 8) * 128) = st.xc[r];
   }
 };

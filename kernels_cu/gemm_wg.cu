@@ -9,8 +9,9 @@
 // - A (the weights) comes from registers: each warp's 16 channels of a 16-column block, decoded from the tile
 //   layout exactly as in the GEMV / v12 (the word of lane (g, t) is its mma A fragment), times the scales:
 //   T((q - z) * s) with one rounding. A warpgroup's 4 warps make the 64 rows of one wgmma.
-// - B (x^T) comes from shared memory: per 64-k unit BM = 8 NB token rows of 128 bytes, 16-byte chunks XOR-swizzled
-//   by row (the 128-byte swizzle of the wgmma descriptor, slots 1024-byte aligned); k16 step t starts 32 t bytes in.
+// - B (x^T) comes from shared memory: per 64-k unit BM = 8 NB token rows of 128 bytes in the layout's mma k order,
+//   16-byte chunks XOR-swizzled by row (the 128-byte swizzle of the wgmma descriptor, slots 1024-byte aligned);
+//   k16 step t starts 32 t bytes in.
 // Pipeline: x is first laid out by awq_tile_x_kernel as the exact shared-memory image of each (token tile, 64-k
 // unit): BM rows of 128 B, swizzled, zero past M and K. One thread requests unit u + SLOTS - 2 with a single bulk
 // copy (cp.async.bulk, completion counted in bytes on the slot's mbarrier) at the start of unit u, so up to
@@ -51,8 +52,11 @@ AWQ_DEVICE u64 desc_sw128(u32 addr) {
 }  // namespace awq_wg
 
 // x [M, K] -> xt [ceil(M / BM)][KS][BM][64]: per (token tile, 64-k unit) the shared-memory image the GEMM copies
-// in one piece (16-byte chunk c of row r at chunk c ^ (r % 8) of the row, awq_units::swz); zero for rows >= M and
-// k >= K. One thread per 16-byte chunk, grid-stride; reads are coalesced 128-byte rows.
+// in one piece: row r holds x^T in the mma k order of the weight layout (layout.k_of_kappa), as 16-byte chunks
+// stored at chunk c ^ (r % 8) of the row (awq_units::swz); zero for rows >= M and k >= K. Chunk 4 h + w of a row
+// is word w of each of the four 8-k pieces x[32 h + 8 p .. + 7], p = 0..3 (the lanes' pairs of mma k16 step
+// 2 h + (w >> 1), half w & 1). One thread per chunk gathers its four words (the eight threads of a row read the
+// row's 128 bytes between them, through L1) and writes 16 bytes; a warp writes four whole rows. Grid-stride.
 template <typename T>
 __global__ void __launch_bounds__(256) awq_tile_x_kernel(const T* __restrict__ x, uint4* __restrict__ xt, int M,
                                                        int K, int KS, int BM, long long chunks) {
@@ -66,10 +70,12 @@ __global__ void __launch_bounds__(256) awq_tile_x_kernel(const T* __restrict__ x
     const long long tu = rest / BM;               // token tile * KS + unit
     const int ks = (int)(tu % KS);
     const long long m = (tu / KS) * BM + r;
-    const int k = 64 * ks + 8 * c;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (m < M && k < K) v = __ldg(reinterpret_cast<const uint4*>(x + m * K + k));
-    xt[(tu * BM + r) * 8 + (c ^ (r & 7))] = v;      // the chunk order of awq_units::swz
+    const int k = 64 * ks + 32 * (c >> 2) + 2 * (c & 3);   // word c & 3 of piece p = 0 (+ 8 p); K % 8 == 0
+    u32 v[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p)
+      v[p] = (m < M && k + 8 * p < K) ? __ldg(reinterpret_cast<const u32*>(x + m * K + k + 8 * p)) : 0u;
+    xt[(tu * BM + r) * 8 + (c ^ (r & 7))] = make_uint4(v[0], v[1], v[2], v[3]);   // awq_units::swz order
   }
 }
 

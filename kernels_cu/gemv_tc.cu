@@ -2,10 +2,11 @@
 //   y^T[N, M] = W^T[N, K] @ x^T[K, M],   fp32 accumulation, one final rounding, deterministic.
 //
 // Why swapped: with few tokens the 16-row A operand of mma.m16n8k16 would be mostly padding. Taking the weights
-// as A (16 output channels per mma) and x^T as B (8 tokens per mma) halves the tensor-core work at M <= 8. The
-// tile layout (awq_cupy/layout.py) serves both roles: lane (r, c)'s word i of block (t, ks) is the A fragment
-// of channels 16t + c (rows g) and 16t + c + 8 (rows g + 8) at k 64ks + 16i + (2r, 2r+1), (2r+8, 2r+9)
-// (WeightDecoder in common.cuh turns it into exact q - z).
+// as A (16 output channels per mma) and x^T as B (8 tokens per mma) halves the tensor-core work at M <= 8. In the
+// tile layout (awq_cupy/layout.py) lane (r, c)'s word i of block (t, ks) is the A fragment of channels 16t + c
+// (rows g) and 16t + c + 8 (rows g + 8) for mma k16 step i, whose k are 64ks + 32 (i >> 1) + 8r + 4 (i & 1) +
+// (0, 1), (2, 3) (WeightDecoder in common.cuh turns it into exact q - z). x^T enters in the same k order, so a
+// lane's x^T fragments of a 32-k half are 8 consecutive values of its token's row: one 16-byte load.
 //
 // Operands: x T [M, K] (16-byte aligned rows, K % 8 == 0); qtiles uint4 [NT16][KS][32]; scales/zeros [NG, Np]
 // of T, permuted per 16-column block (word c of block t holds channels 16t + c and 16t + c + 8), read here as
@@ -55,7 +56,6 @@ __global__ void __launch_bounds__(awq_gemv::Bounds<NB, TW, GA>::threads, 1) awq_
     int NT16, int KS,                 // 16-column blocks, 64-k blocks per column block
     int G, int NG, int Np) {          // group size, number of groups, padded N
   constexpr int SZ = GA ? 1 : 2;      // scale groups per unit
-  constexpr int PV = TW * NB * 4;     // fp32 accumulators per lane
   extern __shared__ __align__(16) unsigned char smem[];
 
   pdl_trigger();   // the next kernel may launch now: it waits for this one before it touches y or x
@@ -70,7 +70,8 @@ __global__ void __launch_bounds__(awq_gemv::Bounds<NB, TW, GA>::threads, 1) awq_
   const int u0 = min(units, warp * U), u1 = min(units, u0 + U);
   const int run = u1 - u0;
 
-  // Shared memory: fp32 partials [2W][32][PV] (slot 2w: warp w's first segment, 2w + 1: its last).
+  // Shared memory: fp32 partials [2W][TW NB][32] float4 (slot 2w: warp w's first segment, 2w + 1: its last;
+  // lane-minor, so a warp's float4 accesses do not conflict).
   float* partials = reinterpret_cast<float*>(smem);
 
   // ---- load cursor: the next unit to load, as running values (no divisions in the loop) -----------------
@@ -84,28 +85,34 @@ __global__ void __launch_bounds__(awq_gemv::Bounds<NB, TW, GA>::threads, 1) awq_
   const long long sz0 = (long long)(NG == 1 ? 0 : 64 * l_ks / G) * np2 + 8 * (b0 + TW * l_cg) + g8;
   const u32* l_s = scales + sz0;
   const u32* l_z = zeros + sz0;
-  // x^T fragments: lane (g8, t4) reads token 8 nb + g8 at k 64 ks + 16 s + 2 t4 (+ 8) for steps s = 0..3.
+  // x^T fragments: in the layout's mma k order (layout.k_of_kappa) lane (g8, t4)'s b0, b1 of k16 steps 2h and
+  // 2h + 1 are the 8 consecutive values x[token 8 nb + g8, 64 ks + 32 h + 8 t4 .. + 7]: one 16-byte load per half.
   const T* xrow[NB];
   bool xtok[NB];
 #pragma unroll
   for (int nb = 0; nb < NB; ++nb) {
     const int tok = 8 * nb + g8;
     xtok[nb] = tok < M;
-    xrow[nb] = x + (long long)(xtok[nb] ? tok : 0) * K + 2 * t4;
+    xrow[nb] = x + (long long)(xtok[nb] ? tok : 0) * K + 8 * t4;
   }
 
   struct Stage {
     uint4 w[TW];
-    u32 xb[NB][8];          // (b0, b1) of the unit's 4 k16 steps
+    u32 xb[NB][8];          // (b0, b1) of the unit's 4 k16 steps: words 2t, 2t + 1 of step t
     u32 s[SZ][TW], z[SZ][TW];
   };
   auto load_x = [&](Stage& st, int k0) {   // the x^T fragments of the unit starting at k0
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int k = k0 + 16 * (j >> 1) + 8 * (j & 1);   // + 2 t4 inside xrow
-        st.xb[nb][j] = (xtok[nb] && k + 2 * t4 < K) ? __ldg(reinterpret_cast<const u32*>(xrow[nb] + k)) : 0u;
+      for (int h = 0; h < 2; ++h) {
+        const int k = k0 + 32 * h;                          // + 8 t4 inside xrow; K % 8 == 0
+        const uint4 v = (xtok[nb] && k + 8 * t4 < K) ? __ldg(reinterpret_cast<const uint4*>(xrow[nb] + k))
+                                                     : make_uint4(0u, 0u, 0u, 0u);
+        st.xb[nb][4 * h] = v.x;
+        st.xb[nb][4 * h + 1] = v.y;
+        st.xb[nb][4 * h + 2] = v.z;
+        st.xb[nb][4 * h + 3] = v.w;
       }
   };
   // The next unit's weights, scales, zeros (and x unless with_x is false), then advance the cursor.
@@ -167,13 +174,14 @@ __global__ void __launch_bounds__(awq_gemv::Bounds<NB, TW, GA>::threads, 1) awq_
         }
     }
   };
-  auto partial_ptr = [&](int slot) { return reinterpret_cast<float4*>(partials + ((long long)slot * 32 + lane) * PV); };
+  auto partial_ptr = [&](int slot) { return reinterpret_cast<float4*>(partials) + (slot * (TW * NB)) * 32 + lane; };
   auto to_partials = [&](int slot) {
     float4* p = partial_ptr(slot);
 #pragma unroll
     for (int i = 0; i < TW; ++i)
 #pragma unroll
-      for (int nb = 0; nb < NB; ++nb) p[i * NB + nb] = make_float4(acc[i][nb][0], acc[i][nb][1], acc[i][nb][2], acc[i][nb][3]);
+      for (int nb = 0; nb < NB; ++nb)
+        p[(i * NB + nb) * 32] = make_float4(acc[i][nb][0], acc[i][nb][1], acc[i][nb][2], acc[i][nb][3]);
   };
 
   int c_ks = u0 % KS, c_cg = u0 / KS;              // relative column group being consumed
@@ -286,7 +294,7 @@ __global__ void __launch_bounds__(awq_gemv::Bounds<NB, TW, GA>::threads, 1) awq_
         for (int i = 0; i < TW; ++i)
 #pragma unroll
           for (int nb = 0; nb < NB; ++nb) {
-            const float4 q = p[i * NB + nb];
+            const float4 q = p[(i * NB + nb) * 32];
             v[i][nb][0] += q.x; v[i][nb][1] += q.y; v[i][nb][2] += q.z; v[i][nb][3] += q.w;
           }
       }

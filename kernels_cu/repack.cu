@@ -3,10 +3,10 @@
 //   in   qweight int32 [K, N/8]       gemm packing: column 8c + j of row k in nibble slot REV[j]
 //   out  tiles   uint32 [NT16][KS][32][4], NT16 = ceil(N / 64) * 4, KS = ceil(K / 64)
 // Output word (t, ks, lane, i) with r = lane % 4, c = lane / 4 holds, for v = 0..7,
-//   Q[64 ks + 16 i + 2r + (v & 1) + 8 ((v >> 1) & 1),  16 t + c + 8 (v >> 2)]   in nibble slot REV[v],
-// i.e. for k16 step 4 ks + i the mma.m16n8k16 B fragments (b0, b1) of the block's two n8 halves for lane
-// (r, c) after the lop3 conversion of (w, w >> 4) and (w >> 8, w >> 12). Codes outside K x N are 0 (the
-// matmul masks x there).
+//   Q[64 ks + 32 (i >> 1) + 8 r + 4 (i & 1) + 2 ((v >> 1) & 1) + (v & 1),  16 t + c + 8 (v >> 2)]
+// in nibble slot REV[v], i.e. lane (r, c)'s mma.m16n8k16 A fragment of the block's 16 channels for mma k16 step
+// i, in the k order of layout.k_of_kappa (each lane's x^T values of a 32-k half are 8 consecutive k). Codes
+// outside K x N are 0 (the matmul masks x there).
 // One thread per output word; launched once per layer by awq_cupy.weight.QuantizedWeight (load time only).
 #include "common.cuh"
 
@@ -25,7 +25,7 @@ __global__ void awq_repack_gemm_to_tiles_kernel(
     u32 word = 0;
 #pragma unroll
     for (int v = 0; v < 8; ++v) {
-      const int k = 64 * ks + 16 * step + 2 * r + (v & 1) + 8 * ((v >> 1) & 1);
+      const int k = 64 * ks + 32 * (step >> 1) + 8 * r + 4 * (step & 1) + 2 * ((v >> 1) & 1) + (v & 1);
       const int n = 16 * t + c + 8 * (v >> 2);
       u32 q = 0;
       if (k < K && n < N) q = awq_gemm_nibble(__ldg(qweight + (long long)k * words_per_row + (n >> 3)), n & 7);

@@ -101,8 +101,9 @@ def test_gemv_tiles_choice():
     from awq_cupy.ops import gemv_tiles_for
 
     assert gemv_tiles_for(1, 256, 132) == 2      # two blocks per CTA: one pair
-    assert gemv_tiles_for(1, 1792, 132) == 2     # ~14 blocks per CTA, one token: pairs
-    assert gemv_tiles_for(8, 1792, 132) == 4     # eight tokens: fours (x shared by more blocks)
+    assert gemv_tiles_for(1, 384, 132) == 4      # three blocks per CTA: one four, partly empty
+    assert gemv_tiles_for(1, 1792, 132) == 4     # ~14 blocks per CTA: fours (x shared by more blocks)
+    assert gemv_tiles_for(8, 1792, 132) == 4
     assert gemv_tiles_for(16, 1792, 132) == 2    # two token blocks: at most pairs
     assert gemv_tiles_for(1, 4, 4) == 1          # one block per CTA
 

@@ -16,7 +16,9 @@ def _fragment_values(word):
 
 
 @pytest.mark.parametrize("K,N", [(64, 64), (48, 72), (136, 200)])
-def test_tiles_hold_mma_b_fragments(rng, K, N):
+def test_tiles_hold_mma_fragments_in_the_layout_k_order(rng, K, N):
+    """Word i of lane (r, c) holds, per 8-channel half h, the pairs f = 0, 1 of mma k16 step i, which stand for
+    the real k 64 ks + 32 (i >> 1) + 8 r + 4 (i & 1) + 2 f + (0, 1) (layout.py docstring)."""
     Q = rng.integers(0, 16, size=(K, N), dtype=np.uint8)
     tiles = layout.pack_tiles(Q)
     Kp, Np = layout.padded_sizes(K, N)
@@ -30,14 +32,27 @@ def test_tiles_hold_mma_b_fragments(rng, K, N):
                 r, c = lane % 4, lane // 4
                 for i in range(4):
                     (b0a, b0b), (b1a, b1b), (b2a, b2b), (b3a, b3b) = _fragment_values(int(tiles[t, ks, lane, i]))
-                    k0 = 64 * ks + 16 * i + 2 * r                   # word i = k16 step 4 ks + i
+                    k0 = 64 * ks + 32 * (i // 2) + 8 * r + 4 * (i % 2)
                     for h, (lo, hi) in enumerate((((b0a, b0b), (b1a, b1b)), ((b2a, b2b), (b3a, b3b)))):
-                        n = 16 * t + 8 * h + c                     # n8 block h of the block, fragment column c
-                        # b0 = B[k0, k0+1][n], b1 = B[k0+8, k0+9][n]  (PTX mma.m16n8k16 B fragment)
+                        n = 16 * t + 8 * h + c                     # 8-channel half h of the block, column c
                         assert (lo[0], lo[1]) == (Qp[k0, n], Qp[k0 + 1, n])
-                        assert (hi[0], hi[1]) == (Qp[k0 + 8, n], Qp[k0 + 9, n])
+                        assert (hi[0], hi[1]) == (Qp[k0 + 2, n], Qp[k0 + 3, n])
                         checked += 1
     assert checked == (Np // 16) * (Kp // 64) * 32 * 4 * 2
+
+
+def test_k_order_keeps_halves_and_gives_each_lane_contiguous_x():
+    """k_of_kappa permutes each 32-k half onto itself (a half never straddles a group of 32), and the x^T values
+    of lane r in a half (mma k = 16 i2 + 8 f + 2 r + e for i2, f, e in {0, 1}, in the order of its b0, b1 words of
+    steps 2h, 2h + 1) are the consecutive k 32 h + 8 r .. 32 h + 8 r + 7: the GEMV's one 16-byte load."""
+    kappa = np.arange(64)
+    k = layout.k_of_kappa(kappa)
+    assert sorted(k[:32]) == list(range(32)) and sorted(k[32:]) == list(range(32, 64))
+    for h in range(2):
+        for r in range(4):
+            got = [int(layout.k_of_kappa(32 * h + 16 * i2 + 8 * f + 2 * r + e))
+                   for i2 in range(2) for f in range(2) for e in range(2)]
+            assert got == list(range(32 * h + 8 * r, 32 * h + 8 * r + 8))
 
 
 @pytest.mark.parametrize("K,N", [(64, 64), (24, 8), (4096, 1000), (11008, 128)])
@@ -105,7 +120,7 @@ def test_gemv_fp16_decode_is_exact(rng):
             a1 = _halves((w8 & 0x000F000F) | 0x64006400) - zhi
             a2 = _halves((w & 0x00F000F0) | 0x64006400) * sixteenth + (k960 - zlo)
             a3 = _halves((w8 & 0x00F000F0) | 0x64006400) * sixteenth + (k960 - zhi)
-            k = 16 * step + 2 * r
-            for got, kk, ch in ((a0, k, c), (a1, k, c + 8), (a2, k + 8, c), (a3, k + 8, c + 8)):
+            k = 32 * (step // 2) + 8 * r + 4 * (step % 2)
+            for got, kk, ch in ((a0, k, c), (a1, k, c + 8), (a2, k + 2, c), (a3, k + 2, c + 8)):
                 want = Q[kk:kk + 2, ch].astype(np.int32) - int(Z[ch])
                 np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
