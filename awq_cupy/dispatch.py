@@ -57,7 +57,11 @@ TABLE: dict[str, Dispatch] = {
     # registers the wgmma GEMM beats the mma.sync one from the 32-token tile on (bench/gemm_sweep.py: M = 20
     # 97.2 vs 102.3 us, M = 32 98.6 vs 103.9), not at M = 16 (95.4 vs 88.8): wgmma from M = 17.
     # v16 (NOTES): x^T in the layout's k order, one 16-byte load per 32-k half, took the GEMV's 16-token variant
-    # off its L1 limit (bench/gemv_sweep.py: M = 12 62.9 vs GEMM 96.3 us, M = 16 63.6 vs 96.6): GEMV up to 16.
+    # off its L1 limit. `tune` (bench/results/dispatch_h200_v16.json, h200_tune_v16.txt): GEMV 62.7 / 63.6 us
+    # against the best GEMM's 81.0 / 81.2 at M = 12 / 16: GEMV up to 16. Its other two values are kept: wgmma from
+    # 17 (it measured 24 because the mma.sync GEMM is 0.5 us ahead at M = 16, now a GEMV size; at M = 20 wgmma
+    # leads 86.3 vs 105.0), dequantize + cuBLAS from 768 (628.3 vs 678.5 us; it measured 1536 because M = 1024 is
+    # a tie, 761.0 vs 759.1).
     "90": Dispatch(gemv_max_m=16, cublas_min_m=768, wgmma_min_m=17),
     "default": Dispatch(gemv_max_m=12, cublas_min_m=256),
 }

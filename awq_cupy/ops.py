@@ -225,7 +225,7 @@ def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
     capture pass ``out=`` and keep it alive with the graph). On compute capability 9.0 the kernels launch with
     programmatic dependent launch (``uses_pdl``): they may start before the previous awq_cupy kernel of the stream
     has finished and read ``w`` meanwhile, so that kernel must not be the one writing ``w``.
-    Dispatch by M (table: ``awq_cupy.dispatch``): small M (up to 12 on the H200) runs the swapped-operand
+    Dispatch by M (table: ``awq_cupy.dispatch``): small M (up to 16 on the H200) runs the swapped-operand
     tensor-core GEMV (kernels_cu/gemv_tc.cu; exact (q - z) in the mma, scales applied to fp32 group sums, partial
     sums added in a fixed order: bitwise reproducible run to run); middle M runs the tensor-core GEMM
     (kernels_cu/gemm_wg.cu with Hopper wgmma on compute capability 9.0, kernels_cu/gemm_tc.cu with mma.sync
