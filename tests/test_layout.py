@@ -124,3 +124,40 @@ def test_gemv_fp16_decode_is_exact(rng):
             for got, kk, ch in ((a0, k, c), (a1, k, c + 8), (a2, k + 2, c), (a3, k + 2, c + 8)):
                 want = Q[kk:kk + 2, ch].astype(np.int32) - int(Z[ch])
                 np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
+
+
+def test_gemv_operands_multiply_to_x_at_q(rng):
+    """The k order end to end, on the CPU: per 16-column block, 64-k unit and k16 step, build the mma.m16n8k16
+    operands the way the GEMV does (A from the layout words, decoded as WeightDecoder does; B from each lane's two
+    16-byte x loads per unit, kernels_cu/gemv_tc.cu load_x), multiply them as the PTX fragment definition says,
+    and compare the sum with x @ Q (small integers, so exact)."""
+    K, N, M = 128, 32, 8
+    Q = rng.integers(0, 16, size=(K, N), dtype=np.uint8)
+    x = rng.integers(-3, 4, size=(M, K)).astype(np.int64)
+    tiles = layout.pack_tiles(Q)
+    yT = np.zeros((N, M), np.int64)
+    for t in range(N // 16):
+        for ks in range(K // 64):
+            # lane (g, t4)'s x words: st.xb[4 h + q] = word q of x[g, 64 ks + 32 h + 8 t4 .. + 7]
+            xb = np.zeros((32, 8, 2), np.int64)           # lane, word, element
+            for lane in range(32):
+                g, t4 = lane // 4, lane % 4
+                for h in range(2):
+                    k = 64 * ks + 32 * h + 8 * t4
+                    xb[lane, 4 * h:4 * h + 4] = x[g, k:k + 8].reshape(4, 2)
+            for step in range(4):
+                A = np.full((16, 16), -1, np.int64)       # channel row, mma k column
+                B = np.full((16, 8), -1, np.int64)        # mma k row, token column
+                for lane in range(32):
+                    g, t4 = lane // 4, lane % 4
+                    (a0, a1), (a2, a3), (a4, a5), (a6, a7) = _fragment_values(int(tiles[t, ks, lane, step]))
+                    # a[0] = w & 0x000F000F, a[1] = (w >> 8) & .., a[2] = w & 0x00F000F0, a[3] = (w >> 8) & ..F0
+                    A[g, 2 * t4:2 * t4 + 2] = (a0, a1)
+                    A[g + 8, 2 * t4:2 * t4 + 2] = (a4, a5)
+                    A[g, 2 * t4 + 8:2 * t4 + 10] = (a2, a3)
+                    A[g + 8, 2 * t4 + 8:2 * t4 + 10] = (a6, a7)
+                    B[2 * t4:2 * t4 + 2, g] = xb[lane, 2 * step]
+                    B[2 * t4 + 8:2 * t4 + 10, g] = xb[lane, 2 * step + 1]
+                assert (A >= 0).all() and not (B == -1).all(axis=0).any()
+                yT[16 * t:16 * t + 16] += A @ B
+    np.testing.assert_array_equal(yT, (x @ Q.astype(np.int64)).T)
