@@ -48,15 +48,6 @@ AWQ_DEVICE void cp_async_wait_dyn(int n) {
   }
 }
 
-// One 16-byte shared-memory load (the address must be 16-byte aligned; spelled out because the compiler cannot
-// see the alignment of a computed ring-slot address and would split it into four 4-byte loads).
-AWQ_DEVICE uint4 lds128(const void* p) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(smem_addr(p)));
-  return v;
-}
-
 // Memory-pipeline probe (bench/stream_probe.py): the GEMV's streaming structure without its math. Each warp of
 // a grid of one CTA per SM streams `units` units of `tw` 512-byte pieces through a `depth`-slot cp.async ring
 // in shared memory and XORs what it reads. A warp owns tw * units * 512 contiguous bytes; `strided` = 0 reads

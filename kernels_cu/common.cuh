@@ -1,7 +1,7 @@
 // common.cuh: device helpers shared by every awq_cupy kernel.
 //
 // Scalar/vector type traits for the two activation dtypes (fp16, bf16), the int4 -> fp16/bf16 conversions,
-// and thin inline-PTX wrappers (lop3, cp.async, ldmatrix, mma.sync). Included (inlined by awq_cupy.jit, so
+// and thin inline-PTX wrappers (lop3, cp.async, ld.shared.v4, mma.sync). Included (inlined by awq_cupy.jit, so
 // header edits change the compile-cache key) by the kernel files in this folder. Self-contained: only
 // cuda_fp16.h and cuda_bf16.h.
 #pragma once
@@ -112,6 +112,10 @@ template <typename T> AWQ_DEVICE u32 dequant_pair(u32 qmagic, u32 zmagic2, u32 s
 // Broadcast the low / high 16-bit half of a word into both halves.
 AWQ_DEVICE u32 bcast_lo(u32 v) { return __byte_perm(v, v, 0x1010); }
 AWQ_DEVICE u32 bcast_hi(u32 v) { return __byte_perm(v, v, 0x3232); }
+
+// The k order of the tile layout (awq_cupy/layout.py, k_of_kappa): the first k, inside its 64-k block, of pair
+// f = 0 of word i for lane r (lane % 4); pair f = 1 starts 2 further, each pair holds two consecutive k.
+AWQ_DEVICE int layout_k(int i, int r) { return 32 * (i >> 1) + 8 * r + 4 * (i & 1); }
 
 // ------------------------------------------------------------------------------------------------------------
 // One tile-layout word -> the exact (q - z) A fragment {a0, a1, a2, a3} of the swapped-operand GEMV (slots
@@ -254,11 +258,14 @@ AWQ_DEVICE void pdl_trigger() {
 #endif
 }
 
-// Four 8x8 b16 matrices from shared memory (PTX "ldmatrix"); lane l gives the row address of matrix l / 8.
-AWQ_DEVICE void ldmatrix_x4(u32 (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+// One 16-byte shared-memory load at a shared-window byte address (16-byte aligned; spelled out because the
+// compiler cannot see the alignment of a computed address and would split it into four 4-byte loads).
+AWQ_DEVICE uint4 lds128(u32 addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
 }
+AWQ_DEVICE uint4 lds128(const void* p) { return lds128(smem_addr(p)); }
 
 // ------------------------------------------------------------------------------------------------------------
 // D += A(16x16, row) * B(16x8, col), fp32 accumulate. Fragments as in the PTX ISA "mma.m16n8k16" figures:

@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(128) awq_dequant_tiles_kernel(
           const u32 z2 = h ? bcast_hi(zw) : bcast_lo(zw);
           const u32 lo = dequant_pair<T>(int4pair_magic<T>(w >> (8 * h)), z2, s2);      // pair f = 0
           const u32 hi = dequant_pair<T>(int4pair_magic<T>(w >> (8 * h + 4)), z2, s2);  // pair f = 1
-          const int row = 32 * (i >> 1) + 8 * r + 4 * (i & 1), col = col_at(row, 16 * j + 8 * h + c);
+          const int row = layout_k(i, r), col = col_at(row, 16 * j + 8 * h + c);
           tile[warp][row][col] = (unsigned short)(lo & 0xFFFF);
           tile[warp][row + 1][col] = (unsigned short)(lo >> 16);
           tile[warp][row + 2][col] = (unsigned short)(hi & 0xFFFF);

@@ -70,13 +70,6 @@ constexpr int WARPS = 8;
 constexpr int THREADS = 32 * WARPS;
 }  // namespace awq_sw
 
-// 16 bytes from a shared-memory byte address.
-AWQ_DEVICE uint4 lds128(u32 addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
-
 template <typename T, int NB, int TW, int P, bool GA>
 __global__ void __launch_bounds__(awq_sw::THREADS, 1) awq_gemm_sw_kernel(
     const T* __restrict__ x,          // [M, K] activations

@@ -25,7 +25,7 @@ __global__ void awq_repack_gemm_to_tiles_kernel(
     u32 word = 0;
 #pragma unroll
     for (int v = 0; v < 8; ++v) {
-      const int k = 64 * ks + 32 * (step >> 1) + 8 * r + 4 * (step & 1) + 2 * ((v >> 1) & 1) + (v & 1);
+      const int k = 64 * ks + layout_k(step, r) + 2 * ((v >> 1) & 1) + (v & 1);
       const int n = 16 * t + c + 8 * (v >> 2);
       u32 q = 0;
       if (k < K && n < N) q = awq_gemm_nibble(__ldg(qweight + (long long)k * words_per_row + (n >> 3)), n & 7);
