@@ -159,20 +159,10 @@ __global__ void __launch_bounds__(awq_wg::THREADS, awq_wg::ctas_per_sm(NB, TW, G
   // tile t: column tile t / m_tiles (this warp's first 16-column block below), token tile t % m_tiles
   auto blk_of = [&](int t) { return ((t / m_tiles) * WARPS + warp) * TW; };
 
-  // Loader: weights, scales and zeros of the next unit, l_left units before the end of tile l_tile (the loop never
-  // loads past the CTA's range). Every warp of a warpgroup issues its wgmmas; blocks past NT16 load zeros and are
-  // not stored.
-  int l_tile = it0 / KS, l_left = KS - (it0 - l_tile * KS);
-  Stream units(nullptr, qtiles, scales, zeros, M, K, NT16, KS, G, NG, Np, 0, KS - l_left, blk_of(l_tile), tid,
+  // Weights, scales and zeros, per CTA segment (its part of one tile: the loop never loads past it); every warp
+  // of a warpgroup issues its wgmmas; blocks past NT16 load zeros and are not stored.
+  Stream units(nullptr, qtiles, scales, zeros, M, K, NT16, KS, G, NG, Np, 0, it0 % KS, blk_of(it0 / KS), tid,
                lane);
-  auto load_next = [&](typename Stream::Stage& s) {
-    if (l_left == 0) {   // on to the next tile, from its first unit
-      units.seek(qtiles, NT16, 0, blk_of(++l_tile), lane);
-      l_left = KS;
-    }
-    units.load(s);
-    --l_left;
-  };
   auto request = [&](int v) {   // thread 0: the x tile of this CTA's unit v into slot v % SLOTS
     const int i = it0 + v, t = i / KS, s = v % SLOTS;
     const T* src = xt + ((long long)(t % m_tiles) * KS + (i - t * KS)) * (BM * 64);
@@ -230,31 +220,24 @@ __global__ void __launch_bounds__(awq_wg::THREADS, awq_wg::ctas_per_sm(NB, TW, G
 #pragma unroll
           for (int e1 = 0; e1 < 2; ++e1)
             if (tok + e1 < M) p[e1 * N] = Traits<T>::from_float(acc[i][4 * j + 2 * e2 + e1] + bv);
-          // a running row pointer, opaque to the compiler: otherwise it precomputes every row's address and
-          // holds them across the unit loop
           p += 8LL * N;
           tok += 8;
-          asm volatile("" : "+l"(p), "+r"(tok));
         }
       }
     }
   };
 
-  // The CTA's part of a tile ends after unit u (c_left more units to the tile's end; c_mid: the part began after
-  // the tile's first unit). A whole tile is written to y. A shared one leaves its fp32 partial sums in the
-  // workspace (in register order) and counts its arrival; the last of the tile's CTAs to arrive adds all of them
-  // up in CTA order (so the result does not depend on the arrival order) and writes y, after its own loop, where
-  // no loads are in flight and the registers are free (at most two such tiles per CTA: where its range begins and
-  // where it ends).
-  int c_left = KS - it0 % KS;
-  bool c_mid = c_left != KS;
+  // The end of the CTA's part of tile ct (whole: all of it). A whole tile is written to y. A shared one leaves
+  // its fp32 partial sums in the workspace (in register order) and counts its arrival; the last of the tile's CTAs
+  // to arrive adds all of them up in CTA order (so the result does not depend on the arrival order) and writes y,
+  // after its own loop, where no loads are in flight and the registers are free (at most two such tiles per CTA:
+  // where its range begins and where it ends).
   int pend0 = -1, pend1 = -1;
-  auto finish = [&](int u) {
+  auto finish = [&](int ct, bool whole) {
     wait<0>();
 #pragma unroll
     for (int i = 0; i < TW; ++i) pin(acc[i]);
-    const int ct = (it0 + u) / KS;
-    if (c_mid || c_left != 0) {
+    if (!whole) {
       float4* mine = reinterpret_cast<float4*>(ws) + (long long)sch.slot(blockIdx.x, ct) * (TILE_F4 * THREADS) + tid;
 #pragma unroll
       for (int q = 0; q < TILE_F4; ++q) {
@@ -281,13 +264,21 @@ __global__ void __launch_bounds__(awq_wg::THREADS, awq_wg::ctas_per_sm(NB, TW, G
     clear();
   };
 
-  // Prologue: P - 1 units of weights in registers, requested before awq_tile_x_kernel has finished (programmatic
-  // dependent launch, common.cuh); the x tiles, the workspace and every write only after pdl_wait(). The barriers
-  // are initialised before anyone waits on them.
+  // The CTA's range as segments, one per tile: [sb, se) of tile t. The first P - 1 units of a segment are loaded
+  // before its loop (the next segment's before the previous one's epilogue), so the unrolled loop holds no
+  // epilogue code (v15 measured 10-25% slower units with it inside) and the stage of unit u is st[u % P].
   typename Stream::Stage st[P];
+  auto prime = [&](int t, int ub, int ns) {
+    units.seek(qtiles, NT16, ub, blk_of(t), lane);
 #pragma unroll
-  for (int j = 0; j < P - 1; ++j)
-    if (j < n) load_next(st[j]);
+    for (int j = 0; j < P - 1; ++j)
+      if (j < ns) units.load(st[j]);
+  };
+  int t = it0 / KS, sb = it0, se = min(it1, (t + 1) * KS);
+  // The first weights are requested before awq_tile_x_kernel has finished (programmatic dependent launch,
+  // common.cuh); the x tiles, the workspace and every write only after pdl_wait(). The barriers are initialised
+  // before anyone waits on them.
+  prime(t, sb - t * KS, se - sb);
   pdl_wait();
   if (tid == 0) {
 #pragma unroll
@@ -297,30 +288,39 @@ __global__ void __launch_bounds__(awq_wg::THREADS, awq_wg::ctas_per_sm(NB, TW, G
   }
   __syncthreads();
 
-  int slot = 0;
+  int slot = 0, v0 = 0;   // x slot of the next unit; the segment's first unit, counted from it0
   u32 phase = 0;
-  for (int it = 0; it < n; it += P) {
+  for (;;) {
+    const int ns = se - sb;
+    for (int it = 0; it < ns; it += P) {
 #pragma unroll
-    for (int j = 0; j < P; ++j) {
-      const int u = it + j;
-      if (u >= n) break;
-      // slot of unit u + SLOTS - 2 = that of unit u - 2, whose wgmmas every warpgroup saw finish before the
-      // previous barrier (its waits at the steps of unit u - 1)
-      if (tid == 0 && u + SLOTS - 2 < n) request(u + SLOTS - 2);
-      if (u + P - 1 < n) load_next(st[(j + P - 1) % P]);
-      mbar_wait(bar0 + 8 * slot, phase);
-      compute(st[j], smem0 + slot * SLOT_BYTES);
-      if (++slot == SLOTS) {
-        slot = 0;
-        phase ^= 1u;
+      for (int j = 0; j < P; ++j) {
+        const int u = it + j, v = v0 + u;
+        if (u >= ns) break;
+        // slot of unit v + SLOTS - 2 = that of unit v - 2, whose wgmmas every warpgroup saw finish before the
+        // previous barrier (its waits at the steps of unit v - 1, or the epilogue's)
+        if (tid == 0 && v + SLOTS - 2 < n) request(v + SLOTS - 2);
+        if (u + P - 1 < ns) units.load(st[(j + P - 1) % P]);
+        mbar_wait(bar0 + 8 * slot, phase);
+        compute(st[j], smem0 + slot * SLOT_BYTES);
+        if (++slot == SLOTS) {
+          slot = 0;
+          phase ^= 1u;
+        }
+        __syncthreads();
       }
-      if (--c_left == 0 || u + 1 == n) {   // the end of this CTA's part of a tile
-        finish(u);
-        c_left = KS;
-        c_mid = false;
-      }
-      __syncthreads();
     }
+    const int ct = t;
+    const bool whole = sb == t * KS && se == (t + 1) * KS, more = se < it1;
+    if (more) {   // the next tile's first weights load during this one's epilogue
+      ++t;
+      v0 += ns;
+      sb = se;
+      se = min(it1, sb + KS);
+      prime(t, 0, se - sb);
+    }
+    finish(ct, whole);
+    if (!more) break;
   }
 
   // The shared tiles this CTA arrived at last: acc = (0 + p_c0) + p_c0+1 + ..., then y.
@@ -331,17 +331,26 @@ __global__ void __launch_bounds__(awq_wg::THREADS, awq_wg::ctas_per_sm(NB, TW, G
     __threadfence();
     int c0, c1;
     sch.contributors(t, c0, c1);
-#pragma unroll 1
-    for (int c = c0; c <= c1; ++c) {
-      const float4* p = reinterpret_cast<const float4*>(ws) + (long long)sch.slot(c, t) * (TILE_F4 * THREADS) + tid;
+    // QC float4 per contributor at a time: the loads of a whole tile at once would not fit beside the
+    // accumulators in 128 registers
+    constexpr int QC = TILE_F4 <= 8 ? TILE_F4 : TILE_F4 / 2;
 #pragma unroll
-      for (int q = 0; q < TILE_F4; ++q) {
-        const int i = q / (R / 4), e = 4 * (q % (R / 4));
-        const float4 v = __ldcg(p + q * THREADS);
-        acc[i][e] += v.x;
-        acc[i][e + 1] += v.y;
-        acc[i][e + 2] += v.z;
-        acc[i][e + 3] += v.w;
+    for (int q0 = 0; q0 < TILE_F4; q0 += QC) {
+#pragma unroll 1
+      for (int c = c0; c <= c1; ++c) {
+        const float4* p = reinterpret_cast<const float4*>(ws) + (long long)sch.slot(c, t) * (TILE_F4 * THREADS) +
+                          q0 * THREADS + tid;
+        float4 v[QC];
+#pragma unroll
+        for (int q = 0; q < QC; ++q) v[q] = __ldcg(p + q * THREADS);
+#pragma unroll
+        for (int q = 0; q < QC; ++q) {
+          const int i = (q0 + q) / (R / 4), e = 4 * ((q0 + q) % (R / 4));
+          acc[i][e] += v[q].x;
+          acc[i][e + 1] += v[q].y;
+          acc[i][e + 2] += v[q].z;
+          acc[i][e + 3] += v[q].w;
+        }
       }
     }
     store_y(t);

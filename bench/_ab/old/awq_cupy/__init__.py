@@ -1,0 +1,26 @@
+"""awq_cupy: AWQ 4-bit (W4A16) GEMM/GEMV for CuPy arrays, without PyTorch.
+
+Data path: checkpoint (``load_checkpoint``) -> formats (``formats.unpack/to_gemm``) -> ``QuantizedWeight``
+(repacked once on the GPU) -> ``matmul`` (tensor-core kernels in ``kernels_cu/``).
+
+Importing this package compiles nothing, queries no device and does not import CuPy.
+"""
+from importlib.metadata import PackageNotFoundError, version as _version
+
+from . import awq, formats, layout, reference
+from .awq import (AWQResult, calibration_stats, fold_scales_into_linear, fold_scales_into_norm, quantize_awq,
+                  search_clip, search_scales)
+from .checkpoint import Checkpoint, CheckpointError, QuantizedLayer, load_checkpoint, save_checkpoint
+from .ops import dequantize, dequantize_gemm, gemm, matmul
+from .quantize import QuantizedTensors, quantize
+from .weight import QuantizedWeight
+
+try:
+    __version__ = _version("awq_cupy")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
+__all__ = ["QuantizedWeight", "matmul", "gemm", "dequantize", "dequantize_gemm", "quantize", "QuantizedTensors",
+           "load_checkpoint", "save_checkpoint", "Checkpoint", "QuantizedLayer", "CheckpointError", "formats",
+           "layout", "reference", "awq", "quantize_awq", "search_scales", "search_clip", "fold_scales_into_norm",
+           "fold_scales_into_linear", "calibration_stats", "AWQResult", "__version__"]

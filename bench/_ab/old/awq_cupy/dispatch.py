@@ -1,0 +1,137 @@
+"""Which kernel ``matmul`` runs for a given M, per GPU architecture: data, measured on the GPU named per row.
+
+``gemv_max_m``: largest M for the swapped-operand tensor-core GEMV (kernels_cu/gemv_tc.cu; at most 16).
+``cublas_min_m``: smallest M at which dequantize + cuBLAS (fp16 only) beats the fused GEMM; it is never used
+while the current stream is capturing a CUDA graph (CuPy cannot capture cuBLAS), nor with ``batch_invariant``.
+``wgmma_min_m``: on GPUs that have the Hopper wgmma GEMM (kernels_cu/gemm_wg.cu, compute capability 9.0), the
+smallest M at which the fused GEMM is that kernel rather than the mma.sync one (kernels_cu/gemm_tc.cu); None:
+never. ``batch_invariant`` matmul runs one GEMM kernel for every M: the wgmma one unless this is None.
+
+The built-in rows below were measured with ``python -m awq_cupy bench`` (bench/NOTES.md). ``python -m awq_cupy
+tune`` measures them on the GPU at hand and writes a JSON table; ``for_arch`` reads that file when it exists:
+``$AWQ_CUPY_DISPATCH`` if set (``builtin`` ignores every file), else ``<cache dir>/dispatch.json`` (the compile
+cache directory, ``$AWQ_CUPY_CACHE_DIR`` or ``~/.cache/awq_cupy``). Archs without a row use ``default``.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+GEMV_LIMIT = 16      # the GEMV kernel's largest M (two token blocks of 8)
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    gemv_max_m: int
+    cublas_min_m: int
+    wgmma_min_m: int | None = None
+
+    def __post_init__(self):
+        for name in ("gemv_max_m", "cublas_min_m"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"dispatch {name}={v!r} must be a non-negative integer")
+        w = self.wgmma_min_m
+        if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
+            raise ValueError(f"dispatch wgmma_min_m={w!r} must be a positive integer or None")
+        if self.gemv_max_m > GEMV_LIMIT:
+            raise ValueError(f"dispatch gemv_max_m={self.gemv_max_m} exceeds the GEMV's limit of {GEMV_LIMIT}")
+        if self.cublas_min_m <= self.gemv_max_m:
+            raise ValueError(f"dispatch cublas_min_m={self.cublas_min_m} must exceed gemv_max_m={self.gemv_max_m}")
+
+
+TABLE: dict[str, Dispatch] = {
+    # H200 (sm_90), 2026-11-30, `python -m awq_cupy tune` over the Mistral-7B layers (bench/results/
+    # dispatch_h200.json, NOTES v11): the GEMV beats the fused GEMM up to M = 12 (92.6 vs 95.0 us), the GEMM with
+    # cost-model split-K wins from M = 16 (96.0 vs 101.5 us); the GEMM beats dequantize + cuBLAS at M = 128
+    # (265 vs 357 us) and loses at M = 256 (506 vs 357 us). After v12 (NOTES v12): `tune` kept 12 and 256 (M = 12
+    # GEMV 91.6 vs GEMM 94.1 us; M = 256 wgmma GEMM 393 vs 357 us); the mma.sync GEMM beats the wgmma one up to
+    # M = 32 (104.0 vs 108.6 us) and loses from M = 48 (145.4 vs 124.7 us).
+    # v13 (NOTES): the wgmma GEMM with x by bulk copies beats dequantize + cuBLAS at M = 256 (244.6 vs 357 us) and
+    # is level with it at M = 1024 (761 vs 743 us), so dequantize + cuBLAS runs from M = 1024.
+    # v14 (NOTES): `tune` on the v13/v14 kernels (bench/results/dispatch_h200.json): dequantize + cuBLAS beats the
+    # fused GEMM from M = 768 (626.8 vs 693.9 us; M = 512: 485.5 vs 440.3); the GEMV and the GEMM tie at M = 12
+    # (90.0 vs 89.4 us, 92.6 vs 95.0 in the previous tune): 12 kept. With one block per warp and 6 units in
+    # registers the wgmma GEMM beats the mma.sync one from the 32-token tile on (bench/gemm_sweep.py: M = 20
+    # 97.2 vs 102.3 us, M = 32 98.6 vs 103.9), not at M = 16 (95.4 vs 88.8): wgmma from M = 17.
+    # v16 (NOTES): x^T in the layout's k order, one 16-byte load per 32-k half, took the GEMV's 16-token variant
+    # off its L1 limit. `tune` (bench/results/dispatch_h200_v16.json, h200_tune_v16.txt): GEMV 62.7 / 63.6 us
+    # against the best GEMM's 81.0 / 81.2 at M = 12 / 16: GEMV up to 16. Its other two values are kept: wgmma from
+    # 17 (it measured 24 because the mma.sync GEMM is 0.5 us ahead at M = 16, now a GEMV size; at M = 20 wgmma
+    # leads 86.3 vs 105.0), dequantize + cuBLAS from 768 (628.3 vs 678.5 us; it measured 1536 because M = 1024 is
+    # a tie, 761.0 vs 759.1).
+    "90": Dispatch(gemv_max_m=16, cublas_min_m=768, wgmma_min_m=17),
+    "default": Dispatch(gemv_max_m=12, cublas_min_m=256),
+}
+
+
+def table_path() -> Path | None:
+    """The tuned table ``for_arch`` reads, or None (``AWQ_CUPY_DISPATCH=builtin``)."""
+    env = os.environ.get("AWQ_CUPY_DISPATCH", "")
+    if env == "builtin":
+        return None
+    if env:
+        return Path(env)
+    from .jit import cache_dir
+
+    return cache_dir() / "dispatch.json"
+
+
+_loaded: dict = {}     # AWQ_CUPY_DISPATCH value -> the tuned rows in force (read once per process)
+
+
+def load_table(path: Path) -> dict[str, Dispatch]:
+    """Rows of a table written by ``python -m awq_cupy tune``; ValueError naming the file when malformed. A row
+    without ``wgmma_min_m`` (written before it existed) takes the built-in row's."""
+    try:
+        data = json.loads(Path(path).read_text())
+        rows = data["table"]
+        out = {}
+        for k, v in rows.items():
+            v = dict(v)
+            v.setdefault("wgmma_min_m", TABLE.get(str(k), TABLE["default"]).wgmma_min_m)
+            out[str(k)] = Dispatch(**v)
+        return out
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"dispatch table {path} is not a valid `python -m awq_cupy tune` file: {e}") from None
+
+
+def reload() -> None:
+    """Forget the tuned table read so far: the next ``for_arch`` reads the file again (``write_table`` does this;
+    call it after editing the file by other means in a running process)."""
+    _loaded.clear()
+
+
+def for_arch(arch_key: str) -> Dispatch:
+    """The row for ``arch_key``: the tuned table's (read at the first call, not on every ``matmul``), else the
+    built-in one."""
+    key = os.environ.get("AWQ_CUPY_DISPATCH", "")
+    tuned = _loaded.get(key)
+    if tuned is None:
+        path = table_path()
+        tuned = load_table(path) if path is not None and path.is_file() else {}
+        _loaded[key] = tuned
+    row = tuned.get(arch_key)
+    return row if row is not None else TABLE.get(arch_key, TABLE["default"])
+
+
+def write_table(path: Path, rows: dict[str, Dispatch], measured: dict) -> None:
+    """Write (merge into) a tuned table: one row per arch key, with the measurements that chose it."""
+    path = Path(path)
+    old = {}
+    if path.is_file():
+        try:
+            old = json.loads(path.read_text())
+        except ValueError:
+            old = {}
+    table = dict(old.get("table", {}))
+    table.update({k: asdict(v) for k, v in rows.items()})
+    meas = dict(old.get("measured", {}))
+    meas.update(measured)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"table": table, "measured": meas}, indent=1))
+    tmp.replace(path)
+    reload()

@@ -1,0 +1,583 @@
+"""The kernel runtime: ``kernels_cu/*.cu`` -> NVRTC -> cubin -> disk/memory cache -> loaded CUDA functions.
+
+Data path::
+
+    ARCHS (cc -> Arch)  x  KernelFamily (source file + name expressions per arch)
+        -> source with our own headers inlined
+        -> cupy.cuda.nvrtc (our options, our -arch; CuPy's own compile would append its own -arch)
+        -> cubin + lowered names + ptxas resource report
+        -> disk cache  $AWQ_CUPY_CACHE_DIR or ~/.cache/awq_cupy/<sha256>/{kernel.cubin, meta.json}
+        -> memory cache (bytes per key; loaded modules per (device, key))
+        -> Kernel.launch(...) on the caller's current CuPy stream
+
+Compiling needs only NVRTC (no GPU): ``compile_family`` / ``compile_all`` run on CPU-only machines and CI.
+Loading and launching need a GPU. Nothing here runs at import time.
+
+Environment variables:
+  AWQ_CUPY_CACHE_DIR      cache folder (default ~/.cache/awq_cupy)
+  AWQ_CUPY_DISABLE_CACHE  "1": never read or write the disk cache
+  AWQ_CUPY_JIT_DEBUG      "1": print each compile (family, arch, options, time) to stderr
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+__all__ = [
+    "Arch", "ARCHS", "KernelFamily", "Resources", "CompiledFamily", "Kernel", "CompileError",
+    "UnsupportedArchError", "arch_for_cc", "arch_of_device", "compile_family", "get_kernel", "read_source",
+    "cache_dir",
+]
+
+# Bump when the cache layout or key recipe changes: old entries are then simply never looked up again.
+_KEY_FORMAT = 1
+
+
+class CompileError(RuntimeError):
+    """NVRTC rejected a kernel source. Carries the evidence; the failing source is written to ``source_path``."""
+
+    def __init__(self, family: str, arch: str, options: list[str], log: str, source_path: str):
+        self.family, self.arch, self.options, self.log, self.source_path = family, arch, options, log, source_path
+        super().__init__(f"NVRTC failed to compile kernel family {family!r} for {arch} "
+                         f"(options {options}); source kept at {source_path}\n{log}")
+
+
+class UnsupportedArchError(RuntimeError):
+    """The device's compute capability is not one awq_cupy builds for."""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Architectures
+# --------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Arch:
+    """One compile target. ``cc`` is the compute capability as an int (90 for sm_90 and sm_90a)."""
+
+    key: str            # "75", ..., "90", "90a": what --arch on the CLI takes
+    cc: int             # 75, 80, 86, 89, 90
+    target: str         # NVRTC -arch value
+    smem_optin: int     # max dynamic shared memory per block after opting in (bytes)
+
+    @property
+    def has_mma_k16(self) -> bool:   # mma.sync.m16n8k16 with f16/bf16 operands, cp.async, ldmatrix.trans b16
+        return self.cc >= 80
+
+    @property
+    def arch_specific(self) -> bool:  # sm_90a: wgmma/setmaxnreg; cubins run on cc 9.0 only
+        return self.target.endswith("a")
+
+
+# Opt-in shared memory per block from the CUDA programming guide's compute-capability table.
+ARCHS: dict[str, Arch] = {a.key: a for a in (
+    Arch("75", 75, "sm_75", 65536),
+    Arch("80", 80, "sm_80", 166912),
+    Arch("86", 86, "sm_86", 101376),
+    Arch("89", 89, "sm_89", 101376),
+    Arch("90", 90, "sm_90", 232448),
+    Arch("90a", 90, "sm_90a", 232448),
+)}
+
+
+def arch_for_cc(cc: int | str, *, arch_specific: bool = False) -> Arch:
+    """The compile target for a device of compute capability ``cc`` (e.g. 90 or "90").
+
+    Devices between table rows run the nearest lower target of the same major version (sm_87 runs sm_86 code).
+    Anything else raises UnsupportedArchError naming what is supported.
+    """
+    cc = int(cc)
+    if arch_specific:
+        if cc != 90:
+            raise UnsupportedArchError(f"arch-specific (sm_90a) kernels need compute capability 9.0, got {cc}")
+        return ARCHS["90a"]
+    same_major = [a for a in ARCHS.values() if not a.arch_specific and a.cc // 10 == cc // 10 and a.cc <= cc]
+    if not same_major:
+        supported = ", ".join(f"sm_{a.key}" for a in ARCHS.values())
+        raise UnsupportedArchError(f"compute capability {cc} is not supported; awq_cupy builds for {supported}")
+    return max(same_major, key=lambda a: a.cc)
+
+
+_device_cc: dict[int, str] = {}
+
+
+def arch_of_device(device_id: int | None = None, *, arch_specific: bool = False) -> Arch:
+    """The compile target of a CUDA device (the current one by default); the capability is cached per device."""
+    import cupy
+
+    if device_id is None:
+        device_id = cupy.cuda.runtime.getDevice()
+    cc = _device_cc.get(device_id)
+    if cc is None:
+        cc = _device_cc[device_id] = cupy.cuda.Device(device_id).compute_capability
+    return arch_for_cc(cc, arch_specific=arch_specific)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Kernel families and their sources
+# --------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KernelFamily:
+    """One ``kernels_cu/<source>`` file and the template instantiations it is compiled with.
+
+    ``variants(arch)`` returns the C++ name expressions to instantiate for that arch (one table in Python, see
+    ``awq_cupy.kernels``); ``hot`` kernels must not spill; ``min_cc`` excludes archs the family cannot run on.
+    """
+
+    name: str
+    source: str
+    variants: Callable[[Arch], tuple[str, ...]]
+    hot: bool = True
+    min_cc: int = 75
+    arch_specific: bool = False
+    defines: tuple[tuple[str, str], ...] = ()
+
+    def supports(self, arch: Arch) -> bool:
+        return arch.cc >= self.min_cc and arch.arch_specific == self.arch_specific
+
+
+_INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
+
+
+def _kernel_dir():
+    """Where the .cu sources are: the installed package data, or kernels_cu/ of a source tree."""
+    try:
+        from importlib.resources import files
+
+        d = files("awq_cupy.kernels_cu")
+        if d.joinpath("common.cuh").is_file():
+            return d
+    except (ModuleNotFoundError, TypeError):
+        pass
+    return Path(__file__).resolve().parent.parent / "kernels_cu"
+
+
+def read_source(name: str, _seen: set | None = None) -> str:
+    """Text of ``kernels_cu/<name>`` with our own ``#include "x.cuh"`` lines inlined (recursively, once each per
+    translation unit, like ``#pragma once``), so that the cache key covers every header by content."""
+    seen = set() if _seen is None else _seen
+    if name in seen:
+        return f"// {name} already included\n"
+    seen.add(name)
+    path = _kernel_dir().joinpath(name)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"kernel source {name!r} not found in {_kernel_dir()}") from None
+    return _INCLUDE_RE.sub(lambda m: f"// ---- begin {m.group(1)}\n{read_source(m.group(1), seen)}"
+                                     f"// ---- end {m.group(1)}", text)
+
+
+def _cuda_include_dir() -> str:
+    """Folder with cuda_fp16.h / cuda_bf16.h (from the nvidia-cuda-runtime wheel, or a CUDA toolkit)."""
+    candidates = []
+    try:
+        from cuda import pathfinder
+
+        d = pathfinder.find_nvidia_header_directory("cudart")
+        if d:
+            candidates.append(d)
+    except Exception:  # pathfinder missing or not finding the wheel: try the toolkit locations below
+        pass
+    for env in ("CUDA_PATH", "CUDA_HOME"):
+        if os.environ.get(env):
+            candidates.append(os.path.join(os.environ[env], "include"))
+    candidates += ["/usr/local/cuda/include"]
+    for d in candidates:
+        if os.path.isfile(os.path.join(d, "cuda_fp16.h")):
+            return d
+    raise RuntimeError("cuda_fp16.h not found: install the CUDA headers with `pip install awq_cupy[cuda13]` "
+                       "(nvidia-cuda-runtime) or set CUDA_PATH to a CUDA toolkit")
+
+
+def nvrtc_version() -> tuple[int, int]:
+    from cupy.cuda import nvrtc
+
+    return tuple(nvrtc.getVersion())
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Compile
+# --------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Resources:
+    """ptxas's report for one kernel."""
+
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack_frame: int
+    static_smem: int
+
+
+@dataclass(frozen=True)
+class CompiledFamily:
+    key: str
+    family: str
+    arch: str
+    cubin: bytes
+    lowered: dict          # name expression -> mangled symbol
+    resources: dict        # name expression -> Resources
+    log: str
+    seconds: float
+    from_cache: bool = False
+
+
+_PTXAS_FUNC = re.compile(r"Function properties for (\S+)")
+_PTXAS_STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+def parse_ptxas_log(log: str) -> dict[str, Resources]:
+    """Per mangled kernel name: registers, spills, stack frame and static shared memory from ``ptxas -v``."""
+    out: dict[str, dict] = {}
+    current = None
+    for line in log.splitlines():
+        m = re.search(r"Compiling entry function '(\S+)'", line)
+        if m:
+            current = m.group(1)
+            out.setdefault(current, {})
+            continue
+        m = _PTXAS_FUNC.search(line)
+        if m:
+            current = m.group(1)
+            out.setdefault(current, {})
+            continue
+        if current is None:
+            continue
+        m = _PTXAS_STACK.search(line)
+        if m:
+            out[current].update(stack_frame=int(m.group(1)), spill_stores=int(m.group(2)),
+                                spill_loads=int(m.group(3)))
+            continue
+        m = re.search(r"Used (\d+) registers", line)
+        if m:
+            smem = re.search(r"(\d+) bytes smem", line)
+            out[current].update(registers=int(m.group(1)), static_smem=int(smem.group(1)) if smem else 0)
+    res = {}
+    for name, d in out.items():
+        if "registers" in d:
+            res[name] = Resources(d["registers"], d.get("spill_stores", 0), d.get("spill_loads", 0),
+                                  d.get("stack_frame", 0), d.get("static_smem", 0))
+    return res
+
+
+def compile_options(family: KernelFamily, arch: Arch) -> list[str]:
+    """Every NVRTC option for (family, arch): the one place that maps an arch to compile flags."""
+    # -default-device: unannotated functions (and generic lambdas) are device code; NVRTC 13.0 rejects them
+    # otherwise, while 13.5 accepts them.
+    opts = [f"-arch={arch.target}", "--std=c++17", "-default-device", f"-I{_cuda_include_dir()}",
+            f"-DAWQ_CUPY_CC={arch.cc * 10}", "--ptxas-options=-v", "-lineinfo"]
+    opts += [f"-D{k}={v}" for k, v in family.defines]
+    return opts
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("AWQ_CUPY_CACHE_DIR") or Path.home() / ".cache" / "awq_cupy")
+
+
+def _cache_enabled() -> bool:
+    return os.environ.get("AWQ_CUPY_DISABLE_CACHE", "") not in ("1", "true", "yes")
+
+
+def _debug(msg: str) -> None:
+    if os.environ.get("AWQ_CUPY_JIT_DEBUG", "") in ("1", "true", "yes"):
+        print(f"[awq_cupy.jit] {msg}", file=sys.stderr)
+
+
+def _family_key(family: KernelFamily, arch: Arch, source: str, options: list[str], names: tuple[str, ...],
+                nvrtc_ver: tuple[int, int]) -> str:
+    # The include dir is machine-specific and does not change the code: leave it out so caches can be shared.
+    stable_opts = [o for o in options if not o.startswith("-I")]
+    blob = json.dumps(dict(fmt=_KEY_FORMAT, family=family.name, source=source, options=stable_opts,
+                           arch=arch.target, names=list(names), nvrtc=list(nvrtc_ver)), sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _read_cached(key: str) -> CompiledFamily | None:
+    d = cache_dir() / key
+    try:
+        meta = json.loads((d / "meta.json").read_text())
+        cubin = (d / "kernel.cubin").read_bytes()
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict):
+        return None
+    # A corrupted or foreign entry is a miss, never an error: it is recompiled and overwritten.
+    if meta.get("key") != key or not cubin.startswith(b"\x7fELF") or len(cubin) != meta.get("cubin_size"):
+        return None
+    try:
+        resources = {k: Resources(**v) for k, v in meta["resources"].items()}
+        return CompiledFamily(key, meta["family"], meta["arch"], cubin, dict(meta["lowered"]), resources,
+                              meta.get("log", ""), float(meta.get("seconds", 0.0)), from_cache=True)
+    except (KeyError, TypeError, AttributeError, ValueError):
+        return None
+
+
+def _write_cached(c: CompiledFamily, source: str, options: list[str]) -> None:
+    d = cache_dir() / c.key
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        meta = dict(key=c.key, family=c.family, arch=c.arch, lowered=c.lowered, options=options,
+                    resources={k: dataclasses.asdict(v) for k, v in c.resources.items()}, log=c.log,
+                    seconds=c.seconds, cubin_size=len(c.cubin), nvrtc=list(nvrtc_version()))
+        # Publish atomically: write temp files in the same folder, then os.replace (cubin first, meta last,
+        # so a reader that sees meta.json also sees a complete cubin).
+        for name, data in (("kernel.cu", source.encode()), ("kernel.cubin", c.cubin),
+                           ("meta.json", json.dumps(meta, indent=1).encode())):
+            fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{name}.")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, d / name)
+    except OSError as e:  # a read-only home must not break the library
+        _debug(f"cannot write cache entry {d}: {e}")
+
+
+_compiled: dict[str, CompiledFamily] = {}
+_key_locks: dict[str, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def _lock_for(key: str) -> threading.Lock:
+    with _locks_guard:
+        return _key_locks.setdefault(key, threading.Lock())
+
+
+def _nvrtc_compile(family: KernelFamily, arch: Arch, source: str, options: list[str],
+                   names: tuple[str, ...]) -> tuple[bytes, dict, str]:
+    from cupy.cuda import nvrtc
+
+    prog = nvrtc.createProgram(source, f"{family.name}.cu", [], [])
+    try:
+        for n in names:
+            nvrtc.addNameExpression(prog, n)
+        try:
+            nvrtc.compileProgram(prog, options)
+        except nvrtc.NVRTCError:
+            log = nvrtc.getProgramLog(prog)
+            fd, path = tempfile.mkstemp(prefix=f"awq_cupy_{family.name}_{arch.key}_", suffix=".cu")
+            with os.fdopen(fd, "w") as f:
+                f.write(source)
+            raise CompileError(family.name, arch.target, options, log, path) from None
+        log = nvrtc.getProgramLog(prog)
+        lowered = {n: nvrtc.getLoweredName(prog, n) for n in names}
+        # CuPy's getCUBIN drops the final byte of the ELF image (gpu-notes.md §2); restore the NUL terminator.
+        cubin = nvrtc.getCUBIN(prog) + b"\0"
+    finally:
+        nvrtc.destroyProgram(prog)
+    return cubin, lowered, log
+
+
+def compile_family(family: KernelFamily, arch: Arch | str) -> CompiledFamily:
+    """Compile (or fetch from cache) every variant of ``family`` for ``arch``. Needs no GPU. Thread-safe:
+    concurrent callers of the same key compile once."""
+    arch = ARCHS[arch] if isinstance(arch, str) else arch
+    if not family.supports(arch):
+        raise UnsupportedArchError(f"kernel family {family.name!r} does not run on {arch.target}")
+    names = tuple(family.variants(arch))
+    source = read_source(family.source)
+    options = compile_options(family, arch)
+    key = _family_key(family, arch, source, options, names, nvrtc_version())
+    c = _compiled.get(key)
+    if c is not None:
+        return c
+    with _lock_for(key):
+        c = _compiled.get(key)
+        if c is not None:
+            return c
+        c = _read_cached(key) if _cache_enabled() else None
+        if c is None:
+            t0 = time.perf_counter()
+            cubin, lowered, log = _nvrtc_compile(family, arch, source, options, names)
+            secs = time.perf_counter() - t0
+            by_mangled = parse_ptxas_log(log)
+            resources = {n: by_mangled[m] for n, m in lowered.items() if m in by_mangled}
+            c = CompiledFamily(key, family.name, arch.target, cubin, lowered, resources, log, secs)
+            _debug(f"compiled {family.name} for {arch.target} in {secs:.2f}s ({len(names)} variants), "
+                   f"options {options}")
+            if _cache_enabled():
+                _write_cached(c, source, options)
+        _compiled[key] = c
+        return c
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Load and launch (GPU only)
+# --------------------------------------------------------------------------------------------------------------
+class Kernel:
+    """A loaded CUDA function of one device. ``launch`` uses the caller's current CuPy stream."""
+
+    __slots__ = ("name", "family", "device_id", "_func", "_smem_set", "resources", "_occupancy")
+
+    def __init__(self, name: str, family: str, device_id: int, func, resources: Resources | None):
+        self.name, self.family, self.device_id, self._func = name, family, device_id, func
+        self.resources = resources
+        self._smem_set = 0
+        self._occupancy = {}
+
+    def _ensure_dynamic_smem(self, nbytes: int) -> None:
+        if nbytes > 48 * 1024 and nbytes > self._smem_set:
+            from cupy_backends.cuda.api import driver
+
+            driver.funcSetAttribute(self._func.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    nbytes)
+            self._smem_set = nbytes
+
+    def resident_blocks(self, threads: int, smem: int) -> int:
+        """CTAs of this kernel one SM holds at once (CUDA occupancy calculator), cached per (threads, smem)."""
+        key = (threads, smem)
+        n = self._occupancy.get(key)
+        if n is None:
+            from cupy_backends.cuda.api import driver
+
+            self._ensure_dynamic_smem(smem)
+            n = self._occupancy[key] = max(1, driver.occupancyMaxActiveBlocksPerMultiprocessor(
+                self._func.ptr, threads, smem))
+        return n
+
+    def launch(self, grid: tuple, block: tuple, args: tuple, smem: int = 0, pdl: bool = False) -> None:
+        """Launch on the caller's current CuPy stream. ``pdl``: with the programmatic-stream-serialization
+        attribute (sm_90+, kernels written for it: common.cuh pdl_wait / pdl_trigger), through cuLaunchKernelEx."""
+        for a in args:  # CuPy passes Python ints as int64 and floats as float64: demand explicit widths
+            if isinstance(a, (int, float, bool)):
+                raise TypeError(f"kernel {self.name}: scalar argument {a!r} must be a numpy scalar "
+                                f"(np.int32/np.float32/...), not a Python {type(a).__name__}")
+        self._ensure_dynamic_smem(smem)
+        if pdl:
+            _launch_pdl(self._func.ptr, tuple(grid), tuple(block), args, smem)
+            return
+        # stream=None: CuPy launches on the current stream of the calling thread.
+        self._func(tuple(grid), tuple(block), args, shared_mem=smem)
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.name!r}, device={self.device_id})"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Programmatic dependent launch: CuPy has no cuLaunchKernelEx, so it is called through ctypes (driver API, CUDA 12+
+# struct layouts: CUlaunchConfig, CUlaunchAttribute with a 64-byte value union).
+# ----------------------------------------------------------------------------------------------------------------
+_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class _LaunchAttribute(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+_libcuda = None
+_PDL_ATTR = None
+_PDL_ATTR_PTR = None
+
+
+def _cuda_driver():
+    global _libcuda, _PDL_ATTR, _PDL_ATTR_PTR
+    if _libcuda is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
+                                         ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)]
+        lib.cuLaunchKernelEx.restype = ctypes.c_int
+        attr = _LaunchAttribute()
+        attr.id = _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        ctypes.memmove(ctypes.addressof(attr) + _LaunchAttribute.value.offset,
+                       ctypes.byref(ctypes.c_int(1)), 4)   # programmaticStreamSerializationAllowed = 1
+        _PDL_ATTR, _PDL_ATTR_PTR, _libcuda = attr, ctypes.pointer(attr), lib
+    return _libcuda
+
+
+_INT_SCALARS = (np.int32, np.int64, np.uint32, np.uint64)
+_MASK64 = (1 << 64) - 1
+
+
+def _arg_bits(a) -> int:
+    """One kernel argument as the 64-bit little-endian word whose first bytes are its value: device arrays by
+    pointer, numpy integer scalars at their own width (the low bytes), float32 by bit pattern. Each argument gets
+    an 8-byte slot, so a 4-byte argument is read from the low half of its slot."""
+    if isinstance(a, np.generic):
+        if isinstance(a, _INT_SCALARS):
+            return int(a) & _MASK64
+        if isinstance(a, np.float32):
+            return int(np.asarray(a).view(np.uint32))
+        raise TypeError(f"kernel argument {a!r}: numpy scalars of dtype {a.dtype} are not supported")
+    ptr = getattr(getattr(a, "data", None), "ptr", None)
+    if ptr is None:
+        raise TypeError(f"kernel argument of type {type(a).__name__} is not a device array or numpy scalar")
+    return int(ptr)
+
+
+def _launch_pdl(func_ptr: int, grid: tuple, block: tuple, args: tuple, smem: int) -> None:
+    import cupy
+
+    lib = _cuda_driver()
+    n = len(args)
+    slots = (ctypes.c_uint64 * n)(*[_arg_bits(a) for a in args])
+    base = ctypes.addressof(slots)
+    params = (ctypes.c_void_p * n)(*range(base, base + 8 * n, 8))
+    g = tuple(grid) + (1,) * (3 - len(grid))
+    b = tuple(block) + (1,) * (3 - len(block))
+    cfg = _LaunchConfig(g[0], g[1], g[2], b[0], b[1], b[2], smem, cupy.cuda.get_current_stream().ptr,
+                        _PDL_ATTR_PTR, 1)
+    err = lib.cuLaunchKernelEx(ctypes.byref(cfg), func_ptr, params, None)
+    if err != 0:
+        name = ctypes.c_char_p()
+        lib.cuGetErrorName(err, ctypes.byref(name))
+        raise RuntimeError(f"cuLaunchKernelEx failed: CUresult {err} "
+                           f"({(name.value or b'unknown').decode()})")
+
+
+_modules: dict[tuple[int, str], object] = {}
+_kernels: dict[tuple[int, str, str], Kernel] = {}
+
+
+def get_kernel(family: KernelFamily, variant: str, device_id: int | None = None) -> Kernel:
+    """The loaded kernel ``variant`` (a name expression of ``family``) for the current (or given) device."""
+    import cupy
+
+    if device_id is None:
+        device_id = cupy.cuda.runtime.getDevice()
+    fast = _kernels.get((device_id, family.name, variant))
+    if fast is not None:
+        return fast
+    arch = arch_of_device(device_id, arch_specific=family.arch_specific)
+    c = compile_family(family, arch)
+    if variant not in c.lowered:
+        raise ValueError(f"kernel family {family.name!r} has no variant {variant!r} on {arch.target}; "
+                         f"available: {sorted(c.lowered)}")
+    with _lock_for(c.key):
+        mod = _modules.get((device_id, c.key))
+        if mod is None:
+            with cupy.cuda.Device(device_id):
+                mod = cupy.cuda.function.Module()
+                mod.load(c.cubin)
+            _modules[(device_id, c.key)] = mod
+        k = _kernels.get((device_id, family.name, variant))
+        if k is None:
+            with cupy.cuda.Device(device_id):
+                func = mod.get_function(c.lowered[variant])
+            k = Kernel(variant, family.name, device_id, func, c.resources.get(variant))
+            _kernels[(device_id, family.name, variant)] = k
+    return k
+
+
+def as_i32(v) -> np.int32:
+    """A checked int32 kernel argument (raises instead of wrapping)."""
+    v = int(v)
+    if not -(2**31) <= v < 2**31:
+        raise ValueError(f"kernel argument {v} does not fit in int32")
+    return np.int32(v)

@@ -1,0 +1,173 @@
+"""The kernel table: every kernel family awq_cupy compiles, and the variants it instantiates per arch.
+
+This is the single place that lists template instantiations; ``python -m awq_cupy compile`` and the CI compile
+check iterate over it, and the ops look kernels up through ``kernel(family, variant)``.
+"""
+from __future__ import annotations
+
+from .jit import Arch, KernelFamily, get_kernel
+
+# C++ element type names of the activation / scale dtypes.
+CTYPE = {"float16": "__half", "bfloat16": "__nv_bfloat16"}
+
+
+def gemm_dtypes(arch: Arch) -> tuple[str, ...]:
+    """Activation dtypes the tensor-core kernels support on ``arch`` (no bf16 mma before sm_80)."""
+    return ("float16", "bfloat16") if arch.has_mma_k16 else ("float16",)
+
+
+def _dequant_variants(arch: Arch) -> tuple[str, ...]:
+    return tuple(f"awq_dequant_gemm_kernel<{CTYPE[o]}, {CTYPE[s]}>" for o in CTYPE for s in CTYPE) + tuple(
+        dequant_tiles_variant(d) for d in gemm_dtypes(arch))
+
+
+def dequant_tiles_variant(dtype: str) -> str:
+    return f"awq_dequant_tiles_kernel<{CTYPE[dtype]}>"
+
+
+DEQUANT = KernelFamily("dequant", "dequant.cu", _dequant_variants, hot=True)
+
+REPACK = KernelFamily("repack", "repack.cu", lambda arch: ("awq_repack_gemm_to_tiles_kernel",), hot=False)
+
+
+def reduce_variant(dtype: str) -> str:
+    return f"awq_splitk_reduce_kernel<{CTYPE[dtype]}>"
+
+
+# mma.sync GEMM (kernels_cu/gemm_tc.cu awq_gemm_sw_kernel, v12; every arch; sm_90 runs gemm_wg from 17 rows):
+# (token blocks of 8, 16-column blocks per warp, units in registers) instantiated; 8 warps per CTA, 8 NB tokens per
+# CTA; GA as for the GEMV. One shape per token tile (the H200 sweep, bench/gemm_sweep.py and NOTES.md v12).
+GEMM_SHAPES = ((2, 2, 5), (4, 2, 4), (8, 2, 3), (16, 1, 3))
+GEMM_DEFAULT = {8 * s[0]: s for s in GEMM_SHAPES}
+GEMM_WARPS = 8
+
+
+def gemm_sw_variant(dtype: str, token_blocks: int, tiles: int, depth: int, aligned: bool) -> str:
+    return (f"awq_gemm_sw_kernel<{CTYPE[dtype]}, {token_blocks}, {tiles}, {depth}, "
+            f"{'true' if aligned else 'false'}>")
+
+
+def gemm_sw_smem_bytes(token_blocks: int) -> int:
+    """Dynamic shared memory of awq_gemm_sw_kernel: two x slots of 8 NB rows x 64 k of 2 bytes."""
+    return 2 * 8 * token_blocks * 64 * 2
+
+
+def _gemm_variants(arch: Arch) -> tuple[str, ...]:
+    return tuple(reduce_variant(d) for d in gemm_dtypes(arch)) + tuple(
+        gemm_sw_variant(d, nb, tw, p, ga) for d in gemm_dtypes(arch) for nb, tw, p in GEMM_SHAPES
+        for ga in (True, False))
+
+
+GEMM_TC = KernelFamily("gemm_tc", "gemm_tc.cu", _gemm_variants, hot=True)
+
+# Swapped-operand tensor-core GEMV for M <= 16 (kernels_cu/gemv_tc.cu): token blocks of 8 per mma (NB), column
+# groups of TW 16-column blocks per warp unit, one or two scale groups per 64-k unit (GA: groups span whole 64-k
+# blocks, or there is one group), one unit loaded ahead in registers. One CTA per SM of up to 16 warps (12 when
+# TW * NB >= 4: registers).
+GEMV_TOKEN_BLOCKS = (1, 2)
+GEMV_SHAPES = ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2))   # (token blocks, tiles) pairs instantiated
+
+
+def gemv_max_warps(token_blocks: int, tiles: int, arch: Arch) -> int:
+    """Warps per CTA the variant is compiled for (``awq_gemv::Bounds`` in the kernel)."""
+    if tiles * token_blocks >= 4:
+        return 8 if arch.cc < 80 else 12
+    return 16
+
+
+def gemv_smem_bytes(warps: int, token_blocks: int, tiles: int) -> int:
+    """Dynamic shared memory of awq_gemv_tc_kernel: two fp32 partial slots per warp."""
+    return 2 * warps * 32 * tiles * token_blocks * 4 * 4
+
+
+def gemv_variant(dtype: str, token_blocks: int, tiles: int, aligned: bool) -> str:
+    return f"awq_gemv_tc_kernel<{CTYPE[dtype]}, {token_blocks}, {tiles}, {'true' if aligned else 'false'}>"
+
+
+GEMV_TC = KernelFamily("gemv_tc", "gemv_tc.cu",
+                       lambda arch: tuple(gemv_variant(d, nb, tw, ga) for d in gemm_dtypes(arch)
+                                          for nb, tw in GEMV_SHAPES for ga in (True, False)),
+                       hot=True)
+
+# Hopper warpgroup-MMA GEMM (kernels_cu/gemm_wg.cu, sm_90a only): (token blocks of 8 = wgmma N / 8, 16-column
+# blocks per warp, units in registers); 8 warps per CTA; GA as for the GEMV.
+# One 16-column block per warp with 6 units in registers (~90-105 registers: two CTAs per SM) is the fastest
+# shape of the 16-, 32- and 64-token tiles (bench/NOTES.md v14).
+GEMM_WG_SHAPES = ((2, 2, 5), (2, 1, 6), (4, 2, 4), (4, 1, 6), (8, 2, 4), (8, 1, 6), (16, 2, 3), (16, 1, 4),
+                  (32, 1, 4))
+GEMM_WG_DEFAULT = {16: (2, 1, 6), 32: (4, 1, 6), 64: (8, 1, 6), 128: (16, 1, 4), 256: (32, 1, 4)}
+GEMM_WG_SLOTS = 6   # x slots of awq_gemm_wg_kernel (awq_wg::SLOTS)
+
+
+def gemm_wg_variant(dtype: str, token_blocks: int, tiles: int, depth: int, aligned: bool) -> str:
+    return (f"awq_gemm_wg_kernel<{CTYPE[dtype]}, {token_blocks}, {tiles}, {depth}, "
+            f"{'true' if aligned else 'false'}>")
+
+
+def gemm_wg_smem_bytes(token_blocks: int) -> int:
+    """Dynamic shared memory of awq_gemm_wg_kernel: GEMM_WG_SLOTS x slots of 8 NB rows x 128 B, plus 1 KB to
+    align them."""
+    return GEMM_WG_SLOTS * 8 * token_blocks * 128 + 1024
+
+
+def tile_x_variant(dtype: str) -> str:
+    return f"awq_tile_x_kernel<{CTYPE[dtype]}>"
+
+
+GEMM_WG = KernelFamily("gemm_wg", "gemm_wg.cu",
+                       lambda arch: tuple(gemm_wg_variant(d, nb, tw, p, ga) for d in gemm_dtypes(arch)
+                                          for nb, tw, p in GEMM_WG_SHAPES for ga in (True, False))
+                       + tuple(tile_x_variant(d) for d in gemm_dtypes(arch)),
+                       hot=True, min_cc=90, arch_specific=True)
+
+BENCH_UTIL = KernelFamily("bench_util", "bench_util.cu", lambda arch: ("awq_spin_kernel", "awq_touch_kernel", "awq_stream_probe_kernel",
+                                                              "awq_ldg_probe_kernel<4>", "awq_ldg_probe_kernel<8>",
+                                                              "awq_ldg_probe_kernel<16>", "awq_mma_probe_kernel<4>",
+                                                              "awq_mma_probe_kernel<8>", "awq_mma_probe_kernel<16>"),
+                         hot=False)
+
+FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (DEQUANT, REPACK, GEMM_TC, GEMM_WG, GEMV_TC, BENCH_UTIL)}
+
+
+def dequant_variant(out_dtype: str, scale_dtype: str) -> str:
+    return f"awq_dequant_gemm_kernel<{CTYPE[out_dtype]}, {CTYPE[scale_dtype]}>"
+
+
+def kernel(family: str, variant: str, device_id: int | None = None):
+    return get_kernel(FAMILIES[family], variant, device_id)
+
+
+def compile_all(archs=None, families=None, *, log=None):
+    """Compile every variant of every family for every arch (no GPU needed).
+
+    Returns one row per (family, arch, variant): dict(family, arch, variant, registers, spill_stores,
+    spill_loads, stack_frame, static_smem, hot, seconds, cached). Raises CompileError on the first failure.
+    """
+    from .jit import ARCHS, compile_family
+
+    archs = list(ARCHS) if archs is None else list(archs)
+    unknown = [f for f in (families or ()) if f not in FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown kernel family {unknown[0]!r}; supported: {', '.join(FAMILIES)}")
+    fams = [FAMILIES[f] for f in (families or FAMILIES)]
+    rows = []
+    for a in archs:
+        if a not in ARCHS:
+            raise ValueError(f"unknown arch {a!r}; supported: {', '.join(ARCHS)}")
+        arch = ARCHS[a]
+        for fam in fams:
+            if not fam.supports(arch):
+                continue
+            c = compile_family(fam, arch)
+            if log:
+                log(f"{fam.name} {arch.target}: {len(c.lowered)} variants "
+                    f"({'cache' if c.from_cache else f'{c.seconds:.1f}s'})")
+            for v in c.lowered:
+                r = c.resources.get(v)
+                if r is None:
+                    raise RuntimeError(f"no ptxas resource report for {fam.name} {v} on {arch.target}")
+                rows.append(dict(family=fam.name, arch=arch.target, variant=v, hot=fam.hot,
+                                 registers=r.registers, spill_stores=r.spill_stores, spill_loads=r.spill_loads,
+                                 stack_frame=r.stack_frame, static_smem=r.static_smem,
+                                 smem_limit=arch.smem_optin, cached=c.from_cache))
+    return rows

@@ -1,0 +1,572 @@
+"""GPU operations on CuPy arrays: validation at the public boundary, then one kernel launch.
+
+Kernels receive bare pointers, so every check (array type, device, dtype, shape, contiguity, alignment) happens
+here, with errors that name the value and the rule. Launches go to the caller's current CuPy stream; nothing here
+synchronises.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._array import bfloat16_dtype, is_cupy
+from . import dispatch
+from .jit import as_i32
+
+__all__ = ["dequantize_gemm", "dequantize", "matmul", "gemm", "dtype_name", "activation_dtype"]
+
+_BF16_NOTE = ("bfloat16 needs ml_dtypes (pip install ml_dtypes) for a typed array; without it pass "
+              "dtype='bfloat16' and use uint16 arrays holding bf16 bit patterns")
+
+
+def dtype_name(dtype) -> str:
+    """'float16' or 'bfloat16' for the accepted spellings (np.float16, 'float16', 'half', ml_dtypes.bfloat16,
+    'bfloat16', 'bf16'); TypeError otherwise."""
+    if isinstance(dtype, str):
+        s = dtype.lower()
+        if s in ("float16", "half", "fp16", "f16"):
+            return "float16"
+        if s in ("bfloat16", "bf16"):
+            return "bfloat16"
+        raise TypeError(f"dtype={dtype!r} is not supported; use float16 or bfloat16")
+    try:
+        d = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype={dtype!r} is not supported; use float16 or bfloat16") from None
+    if d == np.float16:
+        return "float16"
+    bf = bfloat16_dtype()
+    if bf is not None and d == bf:
+        return "bfloat16"
+    raise TypeError(f"dtype={d} is not supported; use float16 or bfloat16")
+
+
+def numpy_dtype(name: str):
+    """The array dtype used to hold ``name`` ('float16' or 'bfloat16'); bf16 is uint16 without ml_dtypes."""
+    if name == "float16":
+        return np.dtype(np.float16)
+    bf = bfloat16_dtype()
+    return bf if bf is not None else np.dtype(np.uint16)
+
+
+def activation_dtype(a, what: str, dtype=None) -> str:
+    """The 16-bit float kind of array ``a``: its own dtype (float16 / ml_dtypes bfloat16), or ``dtype`` when
+    ``a`` holds raw uint16 bf16 bits."""
+    if a.dtype == np.uint16:
+        if dtype is None or dtype_name(dtype) != "bfloat16":
+            raise TypeError(f"{what} has dtype uint16; pass dtype='bfloat16' if it holds bf16 bit patterns")
+        return "bfloat16"
+    name = dtype_name(a.dtype) if a.dtype in (np.float16, bfloat16_dtype()) else None
+    if name is None:
+        raise TypeError(f"{what} has dtype {a.dtype}; expected float16 or bfloat16 ({_BF16_NOTE})")
+    if dtype is not None and dtype_name(dtype) != name:
+        raise TypeError(f"{what} has dtype {a.dtype} but dtype={dtype!r} was requested")
+    return name
+
+
+def require_cupy(a, what: str, device_id: int | None = None):
+    if not is_cupy(a):
+        raise TypeError(f"{what} must be a cupy.ndarray on the GPU, got {type(a).__module__}.{type(a).__name__}"
+                        " (move it with cupy.asarray)")
+    if device_id is not None and a.device.id != device_id:
+        raise ValueError(f"{what} is on GPU {a.device.id} but the other operands are on GPU {device_id}")
+    return a
+
+
+def contiguous(a):
+    """C-contiguous, 16-byte aligned version of ``a``; copies only when ``a`` is neither (kernels use 16-byte
+    vector loads and see only the pointer)."""
+    import cupy
+
+    if not a.flags.c_contiguous:
+        return cupy.ascontiguousarray(a)   # fresh allocations are 256-byte aligned
+    if a.data.ptr % 16:
+        return a.copy()
+    return a
+
+
+def _check_packed_gemm(qweight, qzeros, scales, group_size):
+    """Validate raw AutoAWQ gemm tensors on the GPU; returns (K, N, G, scale dtype name)."""
+    from .formats import resolve_group_size
+
+    dev = require_cupy(qweight, "qweight").device.id
+    require_cupy(qzeros, "qzeros", dev)
+    require_cupy(scales, "scales", dev)
+    for name, a in (("qweight", qweight), ("qzeros", qzeros)):
+        if a.dtype not in (np.int32, np.uint32):
+            raise TypeError(f"{name} must be int32 (or uint32) packed words, got {a.dtype}")
+        if a.ndim != 2:
+            raise ValueError(f"{name} must be 2-D, got shape {a.shape}")
+    if scales.ndim != 2:
+        raise ValueError(f"scales must be 2-D [K/G, N], got shape {scales.shape}")
+    scale_kind = activation_dtype(scales, "scales")
+    K, N8 = qweight.shape
+    N = 8 * N8
+    G = resolve_group_size(group_size, K)
+    if scales.shape != (K // G, N):
+        raise ValueError(f"scales shape {scales.shape} disagrees with qweight {qweight.shape} and "
+                         f"group_size={group_size}: expected {(K // G, N)}")
+    if qzeros.shape != (K // G, N8):
+        raise ValueError(f"qzeros shape {qzeros.shape} disagrees with qweight {qweight.shape} and "
+                         f"group_size={group_size}: expected {(K // G, N8)}")
+    return K, N, G, scale_kind
+
+
+def dequantize_gemm(qweight, qzeros, scales, group_size, *, dtype="float16", out=None):
+    """Dense ``W [K, N]`` from AutoAWQ ``gemm`` tensors on the GPU: ``(Q - Z) * S`` in fp32, one rounding.
+
+    ``qweight`` int32 [K, N/8], ``qzeros`` int32 [K/G, N/8], ``scales`` fp16 (or bf16) [K/G, N], all CuPy arrays
+    on one device; ``dtype`` float16 or bfloat16 (bf16 output is ``ml_dtypes.bfloat16`` when ml_dtypes is
+    installed, else uint16 bit patterns). ``out``, if given, must be a C-contiguous [K, N] array of that dtype.
+    Runs on the current stream, without synchronising. Bit-exact with ``reference.dequantize(..., float16)``.
+    """
+    import cupy
+
+    from .kernels import dequant_variant, kernel
+
+    K, N, G, scale_kind = _check_packed_gemm(qweight, qzeros, scales, group_size)
+    out_kind = dtype_name(dtype)
+    dev = qweight.device.id
+    if out is None:
+        out = cupy.empty((K, N), dtype=numpy_dtype(out_kind))
+    else:
+        require_cupy(out, "out", dev)
+        if out.shape != (K, N) or out.dtype != numpy_dtype(out_kind):
+            raise ValueError(f"out must be [{K}, {N}] of {numpy_dtype(out_kind)}, got {out.shape} {out.dtype}")
+        if not out.flags.c_contiguous or out.data.ptr % 16:
+            raise ValueError("out must be C-contiguous and 16-byte aligned")
+    if K == 0 or N == 0:
+        return out
+    qweight, qzeros, scales = (contiguous(a) for a in (qweight, qzeros, scales))
+    words = K * (N // 8)
+    threads = 256
+    blocks = min((words + threads - 1) // threads, 65535 * 8)
+    k = kernel("dequant", dequant_variant(out_kind, scale_kind), dev)
+    with cupy.cuda.Device(dev):
+        k.launch((blocks,), (threads,), (qweight, qzeros, scales, out, as_i32(K), as_i32(N), as_i32(G)))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# matmul
+# ----------------------------------------------------------------------------------------------------------------
+_MIN_STAGES_PER_SPLIT = 4    # each split gets at least 4 x 64 k (default of plan_splits)
+
+
+# Split-K cost model (H200, 2026-11-30): units per CTA x the kernel's unit time (``stage_us``) x the load of the
+# busiest SM, plus each split's fp32 partials (8 bytes per output at ~3 TB/s) and ~3 us for the reduce kernel.
+# The unit time of the v1 GEMM was ~1.75 us whatever the m-block count (latency-bound); the v12 kernels pass their
+# own (_unit_us). CTAs sharing an SM each run slower: k co-resident CTAs take 1 + _SHARE x (k - 1) times as long
+# as one alone (fitted to the v14 sweeps, results/h200_gemm_sweep_v14.txt: Mistral-7B o at M = 128 with two CTAs
+# per SM, 4 splits = 128 CTAs on 132 SMs 20.4 us, 5 splits = 160 CTAs 23.3 us, 8 splits 21.6 us; counting the
+# two resident CTAs as independent slots, as before, picked 5).
+_STAGE_US, _PARTIAL_TBPS, _REDUCE_US, _SHARE = 1.75, 3.0, 3.0, 0.3
+
+
+def plan_splits(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: int = 1, Np: int = 64,
+                stage_us: float = _STAGE_US, min_per: int = _MIN_STAGES_PER_SPLIT, per_sm: int = 1) -> tuple[int, int]:
+    """(splits, stages_per_split) for a grid of n_ctas x m_tiles CTAs over K_stages 64-k stages, when the GPU
+    holds ``resident`` CTAs at once, ``per_sm`` on each SM: the split count with the least modelled time (stages
+    per CTA x stage time x the busiest SM's load, plus the partial sums' traffic and the reduce kernel when
+    split); at least ``min_per`` stages per split."""
+    base = n_ctas * m_tiles
+    per_sm = max(1, per_sm)
+    sms = max(1, resident // per_sm)
+    best = None
+    for splits in range(1, max(1, K_stages // min_per) + 1):
+        per = -(-K_stages // splits)
+        real = -(-K_stages // per)              # splits that actually get stages
+        ctas = base * real
+        k = -(-ctas // sms)                     # CTAs the busiest SM runs over the whole grid
+        if k <= per_sm:                         # all resident at once, k of them sharing that SM
+            t = per * stage_us * (1 + _SHARE * (k - 1))
+        else:                                   # waves of full SMs
+            t = -(-ctas // resident) * per * stage_us * (1 + _SHARE * (per_sm - 1))
+        if real > 1:
+            t += real * M * Np * 8 / (_PARTIAL_TBPS * 1e6) + _REDUCE_US
+        if best is None or t < best[0] - 1e-9:
+            best = (t, real, per)
+    return best[1], best[2]
+
+
+_workspaces: dict = {}
+
+
+def _workspace(nfloats: int, device_id: int, what: str = "partials"):
+    """An fp32-sized scratch buffer, one per (device, current stream, ``what``: "partials" for split-K,
+    "x_tiles" for the wgmma GEMM's tiled x), never freed.
+
+    It lives as long as the process so that a CUDA graph captured around ``matmul`` keeps pointing at valid
+    memory; growing it keeps the old buffer alive for graphs that captured it."""
+    import cupy
+
+    stream = cupy.cuda.get_current_stream().ptr
+    key = (device_id, stream, what)
+    bufs = _workspaces.setdefault(key, [])
+    if not bufs or bufs[-1].size < nfloats:
+        bufs.append(cupy.empty(max(nfloats, 1 << 16), dtype=cupy.float32))
+    return bufs[-1]
+
+
+def _is_capturing() -> bool:
+    import cupy
+
+    return bool(cupy.cuda.runtime.streamIsCapturing(cupy.cuda.get_current_stream().ptr))
+
+
+def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
+    """``y = x @ W (+ bias)`` for a ``QuantizedWeight`` ``w`` on the GPU, fp32 accumulation, one final rounding.
+
+    ``x``: CuPy array ``[..., K]`` of ``w.dtype`` (float16, or bfloat16 as ``ml_dtypes.bfloat16``; raw uint16 bf16
+    bit patterns are accepted for a bf16 weight). A non-contiguous or misaligned ``x`` is copied first.
+    ``bias``: ``[N]`` of the same dtype, or None. ``out``: optional C-contiguous ``[..., N]`` output that must
+    not overlap ``x``. Returns ``y [..., N]`` of x's dtype; M = 0 rows give an empty result.
+
+    Runs on the caller's current CuPy stream without synchronising, and is capturable in a CUDA graph (under
+    capture pass ``out=`` and keep it alive with the graph). On compute capability 9.0 the kernels launch with
+    programmatic dependent launch (``uses_pdl``): they may start before the previous awq_cupy kernel of the stream
+    has finished and read ``w`` meanwhile, so that kernel must not be the one writing ``w``.
+    Dispatch by M (table: ``awq_cupy.dispatch``): small M (up to 16 on the H200) runs the swapped-operand
+    tensor-core GEMV (kernels_cu/gemv_tc.cu; exact (q - z) in the mma, scales applied to fp32 group sums, partial
+    sums added in a fixed order: bitwise reproducible run to run); middle M runs the tensor-core GEMM
+    (kernels_cu/gemm_wg.cu with Hopper wgmma on compute capability 9.0, kernels_cu/gemm_tc.cu with mma.sync
+    elsewhere; (q - z) * s rounded once in x's dtype, fp32 split-K partials added in a fixed order); large fp16 M
+    runs dequantize + cuBLAS (a temporary dense [K, N] weight), except while the stream is capturing a CUDA graph,
+    where the fused GEMM runs instead because CuPy cannot capture cuBLAS.
+
+    Batch invariance: by default a row's result can depend on M (the kernel and its split-K count are chosen
+    from M). With ``batch_invariant=True`` one kernel with a split count chosen from (K, N) alone runs for every
+    M, so each row's output is bitwise independent of the other rows and of M.
+    """
+    import cupy
+
+    from .jit import arch_of_device
+    from .weight import QuantizedWeight
+
+    if not isinstance(w, QuantizedWeight):
+        raise TypeError(f"w must be an awq_cupy.QuantizedWeight, got {type(w).__name__}")
+    require_cupy(x, "x", w.device)
+    if x.dtype == np.uint16 and w.dtype == "bfloat16":
+        kind = "bfloat16"
+    else:
+        kind = activation_dtype(x, "x")
+    if kind != w.dtype:
+        raise TypeError(f"x has dtype {x.dtype} but the weight was prepared for {w.dtype}; "
+                        f"use w.astype({kind!r})")
+    if x.ndim < 1 or x.shape[-1] != w.K:
+        raise ValueError(f"x has shape {x.shape}; its last dimension must equal K={w.K}")
+    K, N = w.K, w.N
+    lead = x.shape[:-1]
+    M = int(np.prod(lead)) if lead else 1
+    if bias is not None:
+        require_cupy(bias, "bias", w.device)
+        if bias.shape != (N,):
+            raise ValueError(f"bias has shape {bias.shape}, expected ({N},)")
+        if bias.dtype != x.dtype:
+            raise TypeError(f"bias has dtype {bias.dtype}, expected {x.dtype} like x")
+        bias = contiguous(bias)
+    if out is None:
+        out = cupy.empty(lead + (N,), dtype=x.dtype)
+    else:
+        require_cupy(out, "out", w.device)
+        if out.shape != lead + (N,) or out.dtype != x.dtype:
+            raise ValueError(f"out must have shape {lead + (N,)} and dtype {x.dtype}, got {out.shape} {out.dtype}")
+        if not out.flags.c_contiguous or out.data.ptr % 16:
+            raise ValueError("out must be C-contiguous and 16-byte aligned")
+        if _overlap(out, x):
+            raise ValueError("out must not overlap x")
+    if M == 0:
+        return out
+    x2 = contiguous(x).reshape(M, K)
+    y2 = out.reshape(M, N)
+
+    dev = w.device
+    arch = arch_of_device(dev)
+    sm_count = _sm_count(dev)
+    plan = dispatch.for_arch(arch.key)
+    bias_arg = bias if bias is not None else _NULL
+    with cupy.cuda.Device(dev):
+        if M <= plan.gemv_max_m and not batch_invariant:
+            _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count)
+        elif (M >= plan.cublas_min_m and kind == "float16" and not batch_invariant
+              and not _is_capturing()):
+            # Dense fp16 W then cuBLAS: W is x's dtype rounded once, like the fused GEMM's operand; a bias is
+            # added after cuBLAS has rounded x @ W (a second rounding).
+            W = dequantize(w)
+            cupy.matmul(x2, W, out=y2)
+            if bias is not None:
+                y2 += bias
+        else:
+            _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant)
+    return out
+
+
+_NULL = np.uint64(0)      # a null pointer argument
+
+
+def rounds_weights(M: int, batch_invariant: bool = False, arch_key: str = "90") -> bool:
+    """Whether matmul at this M multiplies x by the weights rounded to x's dtype, T((q - z) * s) (like
+    ``dequantize``), or by the exact (q - z) * s with the scale applied to fp32 group sums (the GEMV)."""
+    return batch_invariant or M > dispatch.for_arch(arch_key).gemv_max_m
+
+
+def uses_cublas(M: int, dtype: str, arch_key: str = "90", batch_invariant: bool = False) -> bool:
+    """Whether matmul at this M (outside graph capture) takes the dequantize + cuBLAS path."""
+    return not batch_invariant and dtype == "float16" and M >= dispatch.for_arch(arch_key).cublas_min_m
+
+
+def gemv_tiles_for(M: int, NT16: int, grid: int) -> int:
+    """16-column blocks per GEMV warp unit, from the H200 sweep (bench/gemv_sweep.py, bench/NOTES.md v16): up to
+    8 tokens four blocks (12 warps) once a CTA has three or more blocks, else pairs (16 warps); pairs (12 warps)
+    with two token blocks; single blocks when a CTA has only one."""
+    most = -(-NT16 // grid)
+    if most < 2:
+        return 1
+    if M > 8:
+        return 2
+    return 4 if most >= 3 else 2
+
+
+def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: int = 132,
+              tiles: int | None = None, warps: int | None = None) -> dict:
+    """Launch plan of the GEMV for M <= 16 tokens on ``arch`` (a jit.Arch; default sm_90): dict(token_blocks,
+    tiles, aligned, grid, warps, smem, NT16). One CTA per SM (at most one per 16-column block) of the variant's
+    warp count. ``tiles`` (blocks per warp unit) defaults to ``gemv_tiles_for``; ``warps`` overrides the warp
+    count (for tuning). The plan depends on (M, K, N, G) and the GPU, and so does the summation order."""
+    from .jit import ARCHS
+    from .kernels import GEMV_SHAPES, GEMV_TOKEN_BLOCKS, gemv_max_warps, gemv_smem_bytes
+    from .layout import padded_sizes
+
+    arch = ARCHS["90"] if arch is None else arch
+    nb = -(-M // 8)
+    if M < 1 or nb not in GEMV_TOKEN_BLOCKS:
+        raise ValueError(f"no GEMV variant for M={M} (1 to {8 * max(GEMV_TOKEN_BLOCKS)} rows)")
+    Kp, Np = padded_sizes(K, N)
+    NT16 = Np // 16
+    grid = max(1, min(NT16, sm_count))
+    tw = tiles if tiles is not None else gemv_tiles_for(M, NT16, grid)
+    if (nb, tw) not in GEMV_SHAPES:
+        raise ValueError(f"tiles={tw} is not a GEMV variant for M={M}; instantiated (token blocks, tiles): "
+                         f"{GEMV_SHAPES}")
+    most = gemv_max_warps(nb, tw, arch)
+    w = most if warps is None else warps
+    if not 1 <= w <= most:
+        raise ValueError(f"warps={warps}: the GEMV variant for M={M}, tiles={tw} runs 1 to {most} warps per CTA")
+    NG = max(1, K // group_size)
+    return dict(token_blocks=nb, tiles=tw, aligned=group_size % 64 == 0 or NG == 1, grid=grid, NT16=NT16,
+                warps=w, smem=gemv_smem_bytes(w, nb, tw))
+
+
+def uses_pdl(arch) -> bool:
+    """Whether awq_cupy's GEMV / GEMM kernels launch with programmatic dependent launch on ``arch`` (compute
+    capability 9.0+, unless AWQ_CUPY_PDL=0): a kernel may then start while the previous kernel of the stream
+    finishes (when that kernel allows it: only awq_cupy's own do) and request its first weights meanwhile; it
+    reads x and workspaces and writes only once the previous kernel has completed (kernels_cu/common.cuh). The
+    weights must therefore not be written by the awq_cupy kernel launched just before."""
+    import os
+
+    return arch.cc >= 90 and os.environ.get("AWQ_CUPY_PDL", "1") != "0"
+
+
+def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count, tiles=None, warps=None):
+    from .jit import arch_of_device
+    from .kernels import gemv_variant, kernel
+
+    arch = arch_of_device(w.device)
+    p = plan_gemv(M, w.K, w.N, w.group_size, arch=arch, sm_count=sm_count, tiles=tiles, warps=warps)
+    k = kernel("gemv_tc", gemv_variant(kind, p["token_blocks"], p["tiles"], p["aligned"]), w.device)
+    k.launch((p["grid"],), (32 * p["warps"],),
+             (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(w.K),
+              as_i32(p["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(w.NT * 64)),
+             smem=p["smem"], pdl=uses_pdl(arch))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The fused GEMM (v12): register-fed weights, x through shared memory; wgmma (kernels_cu/gemm_wg.cu) or mma.sync
+# (kernels_cu/gemm_tc.cu awq_gemm_sw_kernel)
+# ----------------------------------------------------------------------------------------------------------------
+def _unit_us(token_blocks: int, tiles: int, wgmma: bool) -> float:
+    """Modelled time of one 64-k unit of one GEMM CTA on the H200: the larger of its weight stream (8 warps x tiles
+    x 512 B at ~27 GB/s per SM) and its tensor work (2 x 128 tiles channels x 8 token blocks tokens x 64 k at the
+    measured ~2.5 TFLOP/s per SM of the mma.sync kernel, ~5.3 with wgmma), plus a fixed ~0.1 us (barrier, first
+    latency)."""
+    mem = 8 * tiles * 512 / 27e3
+    flops = 2 * 128 * tiles * 8 * token_blocks * 64
+    return max(mem, flops / (5.3e6 if wgmma else 2.5e6)) + 0.1
+
+
+def has_wgmma(arch) -> bool:
+    """Whether ``arch`` has the warpgroup-MMA GEMM (kernels_cu/gemm_wg.cu, built for sm_90a): compute capability
+    9.0, unless AWQ_CUPY_WGMMA=0."""
+    import os
+
+    return arch.cc == 90 and os.environ.get("AWQ_CUPY_WGMMA", "1") != "0"
+
+
+def uses_wgmma(arch, M: int | None = None) -> bool:
+    """Whether the fused GEMM for M rows is the wgmma kernel on ``arch``: it has one and M >= the dispatch table's
+    ``wgmma_min_m`` (``M=None``: for any M, as batch-invariant matmul runs one kernel for all)."""
+    if not has_wgmma(arch):
+        return False
+    first = dispatch.for_arch(arch.key).wgmma_min_m
+    return first is not None and (M is None or M >= first)
+
+
+def _gemm_table(wgmma: bool):
+    from .kernels import GEMM_DEFAULT, GEMM_SHAPES, GEMM_WG_DEFAULT, GEMM_WG_SHAPES
+
+    return (GEMM_WG_SHAPES, GEMM_WG_DEFAULT) if wgmma else (GEMM_SHAPES, GEMM_DEFAULT)
+
+
+def gemm_token_tile(M: int, wgmma: bool = False) -> int:
+    """Rows per CTA of the GEMM for M rows: the smallest token tile that holds M (the largest when none does; M
+    then takes several token tiles)."""
+    tiles = sorted(_gemm_table(wgmma)[1])
+    return next((t for t in tiles if t >= M), tiles[-1])
+
+
+def gemm_shape_for(M: int, tiles: int | None = None, *, wgmma: bool = False,
+                   depth: int | None = None) -> tuple[int, int, int]:
+    """(token blocks of 8, 16-column blocks per warp, units in registers) of the GEMM for M rows: the default shape
+    of M's token tile, or the instantiated one with ``tiles`` column blocks per warp (and ``depth`` units)."""
+    shapes, default = _gemm_table(wgmma)
+    tile = gemm_token_tile(M, wgmma)
+    for s in (default[tile],) + shapes:
+        if 8 * s[0] == tile and tiles in (None, s[1]) and depth in (None, s[2]):
+            return s
+    what = f"tiles={tiles}" + (f", depth={depth}" if depth is not None else "")
+    raise ValueError(f"{what} is not a GEMM variant for M={M} (token tile {tile}); instantiated "
+                     f"(token blocks, tiles, depth): {shapes}")
+
+
+def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, sm_count: int = 132,
+              resident: int | None = None, tiles: int | None = None, splits: int | None = None,
+              batch_invariant: bool = False, depth: int | None = None) -> dict:
+    """Launch plan of the GEMM (wgmma: the sm_90a kernel, else the mma.sync one): dict(token_blocks, tiles, depth,
+    aligned, grid, splits, per, smem, NT16). ``resident`` = CTAs the GPU holds at once (default one per SM).
+    Split-K from ``plan_splits`` with the unit-time model unless ``splits`` is given. ``batch_invariant``: the
+    split count is planned for one 16-row token tile whatever M is, so a row's result does not depend on M."""
+    from .kernels import GEMM_WARPS, gemm_sw_smem_bytes, gemm_wg_smem_bytes
+    from .layout import padded_sizes
+
+    if M < 1:
+        raise ValueError(f"M={M}: the GEMM needs at least one row")
+    nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wgmma, depth=depth)
+    Kp, Np = padded_sizes(K, N)
+    NT16, KS = Np // 16, Kp // 64
+    n_ctas = -(-NT16 // (GEMM_WARPS * tw))
+    m_tiles = -(-M // (8 * nb))
+    res = sm_count if resident is None else resident
+    if splits is not None:
+        if not 1 <= splits <= KS:
+            raise ValueError(f"splits={splits} must be 1 to {KS} (the 64-k units of K={K})")
+        per = -(-KS // splits)
+        splits = -(-KS // per)
+    elif batch_invariant:   # planned as for the smallest token tile, whatever M and this M's shape are
+        nb1, tw1, _ = gemm_shape_for(1, wgmma=wgmma)
+        splits, per = plan_splits(KS, -(-NT16 // (GEMM_WARPS * tw1)), 1, resident=res, M=8 * nb1, Np=Np,
+                                  stage_us=_unit_us(nb1, tw1, wgmma), min_per=2, per_sm=res // sm_count)
+    else:
+        splits, per = plan_splits(KS, n_ctas, m_tiles, resident=res, M=M, Np=Np, stage_us=_unit_us(nb, tw, wgmma),
+                                  min_per=2, per_sm=res // sm_count)
+    NG = max(1, K // group_size)
+    smem = gemm_wg_smem_bytes(nb) if wgmma else gemm_sw_smem_bytes(nb)
+    return dict(token_blocks=nb, tiles=tw, depth=depth, aligned=group_size % 64 == 0 or NG == 1,
+                grid=(n_ctas, splits, m_tiles), splits=splits, per=per, smem=smem, NT16=NT16)
+
+
+def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, tiles=None, splits=None,
+                 wgmma=None, depth=None):
+    from .kernels import (GEMM_WARPS, gemm_sw_smem_bytes, gemm_sw_variant, gemm_wg_smem_bytes, gemm_wg_variant,
+                          kernel, reduce_variant, tile_x_variant)
+
+    wg = uses_wgmma(arch, None if batch_invariant else M) if wgmma is None else wgmma
+    nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wg, depth=depth)
+    aligned = w.group_size % 64 == 0 or w.NG == 1
+    if wg:
+        gk = kernel("gemm_wg", gemm_wg_variant(kind, nb, tw, depth, aligned), w.device)
+        smem = gemm_wg_smem_bytes(nb)
+    else:
+        gk = kernel("gemm_tc", gemm_sw_variant(kind, nb, tw, depth, aligned), w.device)
+        smem = gemm_sw_smem_bytes(nb)
+    # batch-invariant plans must not depend on this M's variant: one CTA per SM
+    resident = sm_count if batch_invariant else gk.resident_blocks(32 * GEMM_WARPS, smem) * sm_count
+    p = plan_gemm(M, w.K, w.N, w.group_size, wgmma=wg, sm_count=sm_count, resident=resident, tiles=tw,
+                  splits=splits, batch_invariant=batch_invariant, depth=depth)
+    Np = w.NT * 64
+    pdl = uses_pdl(arch)
+    ws = _workspace(p["splits"] * M * Np, w.device) if p["splits"] > 1 else _NULL
+    xin = x2
+    if wg:   # x as per-(token tile, 64-k unit) shared-memory images, each brought in by one bulk copy
+        m_tiles, BM = p["grid"][2], 8 * nb
+        chunks = m_tiles * w.KS * BM * 8
+        xin = _workspace(chunks * 4, w.device, "x_tiles")
+        kernel("gemm_wg", tile_x_variant(kind), w.device).launch(
+            (min(-(-chunks // 256), 1 << 16),), (256,),
+            (x2, xin, as_i32(M), as_i32(w.K), as_i32(w.KS), as_i32(BM), np.int64(chunks)), pdl=pdl)
+    gk.launch(p["grid"], (32 * GEMM_WARPS,),
+              (xin, w.qtiles, w.scales, w.zeros, bias_arg, y2, ws, as_i32(M), as_i32(w.N), as_i32(w.K),
+               as_i32(p["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(Np), as_i32(p["per"])),
+              smem=p["smem"], pdl=pdl)
+    if p["splits"] > 1:
+        rk = kernel("gemm_tc", reduce_variant(kind), w.device)
+        pairs = M * w.N // 2
+        rk.launch((min(-(-pairs // 256), 4096),), (256,),
+                  (ws, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(Np), as_i32(p["splits"])), pdl=pdl)
+
+
+_sm_counts: dict = {}
+
+
+def _sm_count(dev: int) -> int:
+    if dev not in _sm_counts:
+        import cupy
+
+        _sm_counts[dev] = cupy.cuda.Device(dev).attributes["MultiProcessorCount"]
+    return _sm_counts[dev]
+
+
+def _overlap(a, b) -> bool:
+    a0, a1 = a.data.ptr, a.data.ptr + a.nbytes
+    b0, b1 = b.data.ptr, b.data.ptr + b.nbytes
+    return a0 < b1 and b0 < a1
+
+
+def dequantize(w, dtype=None, *, out=None):
+    """Dense ``W [K, N]`` of a ``QuantizedWeight``: exactly the values its matmul multiplies
+    (``(q - z) * s`` in the weight's dtype, one rounding). ``dtype`` defaults to (and must equal) ``w.dtype``;
+    for the other dtype use ``w.astype(...)`` first."""
+    import cupy
+
+    from .kernels import dequant_tiles_variant, kernel
+    from .weight import QuantizedWeight
+
+    if not isinstance(w, QuantizedWeight):
+        raise TypeError(f"w must be an awq_cupy.QuantizedWeight, got {type(w).__name__}")
+    kind = w.dtype if dtype is None else dtype_name(dtype)
+    if kind != w.dtype:
+        w = w.astype(kind)
+    with cupy.cuda.Device(w.device):
+        if out is None:
+            out = cupy.empty((w.K, w.N), dtype=numpy_dtype(kind))
+        else:
+            require_cupy(out, "out", w.device)
+            if out.shape != (w.K, w.N) or out.dtype != numpy_dtype(kind) or not out.flags.c_contiguous:
+                raise ValueError(f"out must be a C-contiguous [{w.K}, {w.N}] array of {numpy_dtype(kind)}")
+        blocks = w.NT * w.KS
+        k = kernel("dequant", dequant_tiles_variant(kind), w.device)
+        k.launch((min(-(-blocks // 4), 1 << 20),), (128,),
+                 (w.qtiles, w.scales, w.zeros, out, as_i32(w.K), as_i32(w.N), as_i32(w.NT), as_i32(w.KS),
+                  as_i32(w.group_size), as_i32(w.NG)))
+    return out
+
+
+def gemm(x, qweight, qzeros, scales, group_size, bias=None, *, out=None):
+    """``matmul`` on raw AutoAWQ ``gemm`` tensors (CuPy arrays). It repacks the weight on every call (a
+    load-time cost); for repeated calls build ``QuantizedWeight.from_gemm`` once and use ``matmul``."""
+    from .weight import QuantizedWeight
+
+    require_cupy(x, "x")
+    kind = "bfloat16" if x.dtype == np.uint16 else activation_dtype(x, "x")
+    K, N, G, _ = _check_packed_gemm(qweight, qzeros, scales, group_size)
+    w = QuantizedWeight.from_gemm(qweight, qzeros, scales, group_size, dtype=kind, device=qweight.device.id)
+    return matmul(x, w, bias=bias, out=out)

@@ -1,0 +1,127 @@
+// bench_util.cu: helpers for honest timing (awq_cupy/bench.py), not used by the library's hot path.
+//
+// awq_spin_kernel keeps one thread busy for `ns` nanoseconds of %globaltimer time. The benchmark enqueues it
+// first, then the start event, the timed calls and the end event: while the GPU spins, the host fills the
+// queue, so the timed calls run back to back with no Python launch gaps (gpu-notes.md §6).
+#include "common.cuh"
+
+__global__ void awq_spin_kernel(long long ns) {  // ns: how long to spin
+  u64 start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+#if AWQ_CUPY_CC >= 700
+    __nanosleep(1000);
+#endif
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while ((long long)(now - start) < ns);
+}
+
+// Flushes L2 by streaming through a buffer larger than it (used when weights cannot be rotated).
+__global__ void awq_touch_kernel(const uint4* __restrict__ buf, long long n16, unsigned* __restrict__ sink) {
+  uint4 acc = make_uint4(0, 0, 0, 0);
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n16; i += (long long)gridDim.x * blockDim.x) {
+    const uint4 v = buf[i];
+    acc.x ^= v.x; acc.y ^= v.y; acc.z ^= v.z; acc.w ^= v.w;
+  }
+  if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x9e3779b9u) sink[0] = 1;  // practically never: keeps the loads alive
+}
+
+// cp.async.wait_group with a run-time count (the instruction takes an immediate): a uniform switch (the probe's
+// depth is a measurement parameter).
+AWQ_DEVICE void cp_async_wait_dyn(int n) {
+  switch (n) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 4: cp_async_wait<4>(); break;
+    case 5: cp_async_wait<5>(); break;
+    case 6: cp_async_wait<6>(); break;
+    case 7: cp_async_wait<7>(); break;
+    case 8: cp_async_wait<8>(); break;
+    case 9: cp_async_wait<9>(); break;
+    case 10: cp_async_wait<10>(); break;
+    case 11: cp_async_wait<11>(); break;
+    case 12: cp_async_wait<12>(); break;
+    case 13: cp_async_wait<13>(); break;
+    default: cp_async_wait<14>(); break;
+  }
+}
+
+// Memory-pipeline probe (bench/stream_probe.py): the GEMV's streaming structure without its math. Each warp of
+// a grid of one CTA per SM streams `units` units of `tw` 512-byte pieces through a `depth`-slot cp.async ring
+// in shared memory and XORs what it reads. A warp owns tw * units * 512 contiguous bytes; `strided` = 0 reads
+// them in order (a unit's pieces adjacent), 1 as tw parallel streams (piece i of unit u at i * units + u, like
+// the blocks of a GEMV column group). Shows what bandwidth the ring structure reaches before any decoding.
+__global__ void __launch_bounds__(1024, 1) awq_stream_probe_kernel(
+    const uint4* __restrict__ src, int units, int tw, int strided, int depth, unsigned* __restrict__ sink) {
+  extern __shared__ __align__(16) unsigned char smem_probe[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
+  const long long gw = (long long)blockIdx.x * W + warp;
+  unsigned char* ring = smem_probe + (long long)warp * depth * tw * 512;
+  const uint4* p = src + gw * (long long)units * tw * 32 + lane;   // this warp's bytes
+  int issued = 0;
+  auto issue = [&](int slot) {
+    if (issued < units) {
+      for (int i = 0; i < tw; ++i)
+        cp_async16(ring + (slot * tw + i) * 512 + 16 * lane,
+                   p + 32 * (strided ? (long long)i * units + issued : (long long)issued * tw + i), true);
+      ++issued;
+    }
+    cp_async_commit();
+  };
+  for (int s = 0; s < depth - 1; ++s) issue(s);
+  uint4 acc = make_uint4(0, 0, 0, 0);
+  for (int u = 0; u < units; ++u) {
+    cp_async_wait_dyn(depth - 2);
+    __syncwarp();
+    const int slot = u % depth;
+    issue((u + depth - 1) % depth);
+    for (int i = 0; i < tw; ++i) {
+      const uint4 v = lds128(ring + (slot * tw + i) * 512 + 16 * lane);
+      acc.x ^= v.x; acc.y ^= v.y; acc.z ^= v.z; acc.w ^= v.w;
+    }
+  }
+  cp_async_wait<0>();
+  if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x9e3779b9u) sink[0] = 1;
+}
+
+// The same bytes read with plain 16-byte loads into registers (U loads of consecutive 512-byte units in flight per
+// warp), for comparison with the cp.async ring above.
+template <int U>
+__global__ void __launch_bounds__(1024, 1) awq_ldg_probe_kernel(const uint4* __restrict__ src, int units,
+                                                                unsigned* __restrict__ sink) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
+  const long long gw = (long long)blockIdx.x * W + warp;
+  const uint4* p = src + gw * (long long)units * 32 + lane;
+  uint4 acc = make_uint4(0, 0, 0, 0);
+  for (int u = 0; u + U <= units; u += U) {
+    uint4 v[U];
+#pragma unroll
+    for (int j = 0; j < U; ++j) v[j] = __ldcs(p + (long long)(u + j) * 32);
+#pragma unroll
+    for (int j = 0; j < U; ++j) { acc.x ^= v[j].x; acc.y ^= v[j].y; acc.z ^= v[j].z; acc.w ^= v[j].w; }
+  }
+  if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x9e3779b9u) sink[0] = 1;
+}
+
+// Tensor-pipe probe: each warp issues `iters` x NACC independent fp16 mma.m16n8k16 with fp32 accumulation on
+// register operands (no memory traffic), to measure the mma.sync rate the GEMM kernels can reach per SM.
+template <int NACC>
+__global__ void __launch_bounds__(1024, 1) awq_mma_probe_kernel(float* __restrict__ sink, int iters) {
+  const u32 v = 0x3c003c00u ^ (threadIdx.x & 7);   // ~1.0 in fp16, varied per lane
+  u32 a[4] = {v, v ^ 1u, v ^ 2u, v ^ 3u};
+  const u32 b0 = v ^ 4u, b1 = v ^ 5u;
+  float acc[NACC][4];
+#pragma unroll
+  for (int j = 0; j < NACC; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.f;
+  for (int it = 0; it < iters; ++it)
+#pragma unroll
+    for (int j = 0; j < NACC; ++j) mma_16816<__half>(acc[j], a, b0, b1);
+  float s = 0.f;
+#pragma unroll
+  for (int j = 0; j < NACC; ++j) s += acc[j][0] + acc[j][1] + acc[j][2] + acc[j][3];
+  sink[blockIdx.x * blockDim.x + threadIdx.x] = s;
+}

@@ -1,0 +1,193 @@
+// gemm_wg.cu: W4A16 matmul on Hopper warpgroup MMA (sm_90a), y^T[N, M] = W^T @ x^T, fp32 accumulation.
+// For M from a few dozen rows up (the dispatch table's wgmma_min_m); the sm_90a counterpart of awq_gemm_sw_kernel
+// (gemm_tc.cu), with the same operands, work split and weight rounding (fp32 sums may differ in the last bits).
+//
+// Why: mma.sync stays below ~45% of the tensor pipe here (bench/NOTES.md, v12): with the accumulators of a
+// useful tile in registers only two warps fit per scheduler, and each warp's stream of decode + ldmatrix + mma
+// stalls on its own dependencies. wgmma runs asynchronously: a warp issues one instruction per 16 channels x
+// 8 NB tokens x 16 k and decodes the next weight fragments while the tensor cores work.
+// - A (the weights) comes from registers: each warp's 16 channels of a 16-column block, decoded from the tile
+//   layout exactly as in the GEMV / v12 (the word of lane (g, t) is its mma A fragment), times the scales:
+//   T((q - z) * s) with one rounding. A warpgroup's 4 warps make the 64 rows of one wgmma.
+// - B (x^T) comes from shared memory: per 64-k unit BM = 8 NB token rows of 128 bytes in the layout's mma k order,
+//   16-byte chunks XOR-swizzled by row (the 128-byte swizzle of the wgmma descriptor, slots 1024-byte aligned);
+//   k16 step t starts 32 t bytes in.
+// Pipeline: x is first laid out by awq_tile_x_kernel as the exact shared-memory image of each (token tile, 64-k
+// unit): BM rows of 128 B, swizzled, zero past M and K. One thread requests unit u + SLOTS - 2 with a single bulk
+// copy (cp.async.bulk, completion counted in bytes on the slot's mbarrier) at the start of unit u, so up to
+// SLOTS - 2 units of x are in flight without registers (v13: with x staged through registers, loads issued one
+// unit ahead left the tensor pipe 64% idle on long-scoreboard stalls at M = 1024). Weights, scales and zeros of
+// unit u + P - 1 are loaded into registers while unit u runs (plain loads; a cp.async ring does not overlap on the
+// H200, v10). Per unit every thread waits for its slot's mbarrier phase, and the CTA meets at one barrier after
+// the unit, so that the slot refilled next (that of unit u - 1) is no longer read. Per k16 step a warp waits until
+// at most one wgmma group is pending (so the fragment buffer it is about to overwrite, used two steps ago, is
+// free, and at the barrier after unit u every wgmma of unit u - 1 has finished), decodes, fences and issues TW
+// wgmma.
+// Work split: CTA = 8 warps (2 warpgroups) x TW 16-column blocks per warp x BM tokens; grid (column tiles, splits,
+// token tiles); split-K partials summed by awq_splitk_reduce_kernel (gemm_tc.cu) in split order.
+// Variants: T x (NB, TW, P) x GA (table: awq_cupy/kernels.py GEMM_WG_SHAPES); awq_tile_x_kernel per T.
+#include "common.cuh"
+#include "gemm_units.cuh"
+#include "wgmma.cuh"
+
+namespace awq_wg {
+constexpr int WARPS = 8;
+constexpr int THREADS = 32 * WARPS;
+constexpr int SLOTS = 6;   // x slots: SLOTS - 2 units requested ahead
+
+AWQ_DEVICE void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+AWQ_DEVICE void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> AWQ_DEVICE void wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+// Keep the compiler from moving accesses of an accumulator across the asynchronous MMAs.
+template <int R> AWQ_DEVICE void pin(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// Shared-memory matrix descriptor, K-major with the 128-byte swizzle: start address / 16 (bits 0-13), leading
+// byte offset 1 (unused by swizzled K-major layouts), stride byte offset 1024 / 16 between 8-row groups
+// (bits 32-45), swizzle mode 1 = 128 B (bits 62-63).
+AWQ_DEVICE u64 desc_sw128(u32 addr) {
+  return (u64)((addr & 0x3FFFFu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+}  // namespace awq_wg
+
+// x [M, K] -> xt [ceil(M / BM)][KS][BM][64]: per (token tile, 64-k unit) the shared-memory image the GEMM copies
+// in one piece: row r holds x^T in the mma k order of the weight layout (layout.k_of_kappa), as 16-byte chunks
+// stored at chunk c ^ (r % 8) of the row (awq_units::swz); zero for rows >= M and k >= K. Chunk 4 h + w of a row
+// is word w of each of the four 8-k pieces x[32 h + 8 p .. + 7], p = 0..3 (the lanes' pairs of mma k16 step
+// 2 h + (w >> 1), half w & 1). One thread per chunk gathers its four words (the eight threads of a row read the
+// row's 128 bytes between them, through L1) and writes 16 bytes; a warp writes four whole rows. Grid-stride.
+template <typename T>
+__global__ void __launch_bounds__(256) awq_tile_x_kernel(const T* __restrict__ x, uint4* __restrict__ xt, int M,
+                                                       int K, int KS, int BM, long long chunks) {
+  pdl_trigger();   // the GEMM may launch and load its first weights meanwhile
+  pdl_wait();      // x may come from the previous kernel
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < chunks;
+       i += (long long)gridDim.x * blockDim.x) {
+    const int c = (int)(i & 7);
+    const long long rest = i >> 3;
+    const int r = (int)(rest % BM);
+    const long long tu = rest / BM;               // token tile * KS + unit
+    const int ks = (int)(tu % KS);
+    const long long m = (tu / KS) * BM + r;
+    const int k = 64 * ks + 32 * (c >> 2) + 2 * (c & 3);   // word c & 3 of piece p = 0 (+ 8 p); K % 8 == 0
+    u32 v[4];
+#pragma unroll
+    for (int p = 0; p < 4; ++p)
+      v[p] = (m < M && k + 8 * p < K) ? __ldg(reinterpret_cast<const u32*>(x + m * K + k + 8 * p)) : 0u;
+    xt[(tu * BM + r) * 8 + (c ^ (r & 7))] = make_uint4(v[0], v[1], v[2], v[3]);   // awq_units::swz order
+  }
+}
+
+template <typename T, int NB, int TW, int P, bool GA>
+__global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
+    const T* __restrict__ xt,         // [M tiles][KS][BM][64] x tiles (awq_tile_x_kernel)
+    const uint4* __restrict__ qtiles, // [NT16][KS][32] weight blocks
+    const u32* __restrict__ scales,   // [NG, Np] permuted scales, as u32 pairs
+    const u32* __restrict__ zeros,    // [NG, Np] permuted MAGIC + z, as u32 pairs
+    const T* __restrict__ bias,       // [N] or nullptr
+    T* __restrict__ y,                // [M, N] output (used when splits == 1)
+    float* __restrict__ ws,           // [splits, M, Np] fp32 partials (used when splits > 1)
+    int M, int N, int K,              // problem size
+    int NT16, int KS,                 // 16-column blocks, 64-k units per block
+    int G, int NG, int Np,            // group size, number of groups, padded N
+    int units_per_split) {
+  using namespace awq_wg;
+  static_assert(P >= 2, "at least one unit loaded ahead");
+  constexpr int BM = 8 * NB, SZ = GA ? 1 : 2, R = BM / 2;
+  constexpr int SLOT_BYTES = BM * 128;
+  using Stream = UnitStream<T, TW, SZ, BM, THREADS, false>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ __align__(8) unsigned long long bars[SLOTS];
+  // slots 1024-byte aligned (the swizzle pattern repeats every 8 rows of 128 B); the launch adds 1 KB
+  const u32 raw0 = smem_addr(smem_raw);
+  const u32 smem0 = (raw0 + 1023u) & ~1023u;
+  const u32 bar0 = smem_addr(bars);
+
+  pdl_trigger();   // the split-K reduce may launch now: it waits for this grid before reading the partials
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int m0 = blockIdx.z * BM;
+  const int ub = blockIdx.y * units_per_split;
+  const int n = min(KS, ub + units_per_split) - ub;      // units of this split (>= 1 by the plan)
+  const int blk0 = (blockIdx.x * WARPS + warp) * TW;      // this warp's first 16-column block
+  // every warp of a warpgroup issues its wgmmas; blocks past NT16 load zeros and are not stored
+  Stream units(nullptr, qtiles, scales, zeros, M, K, NT16, KS, G, NG, Np, m0, ub, blk0, tid, lane);
+  const T* xsrc = xt + ((long long)blockIdx.z * KS + ub) * (BM * 64);   // this split's first x tile
+  auto request = [&](int v) {   // thread 0: unit v's x tile into slot v % SLOTS
+    const int s = v % SLOTS;
+    bulk_load(smem0 + s * SLOT_BYTES, xsrc + (long long)v * (BM * 64), SLOT_BYTES, bar0 + 8 * s);
+  };
+
+  float acc[TW][R];
+#pragma unroll
+  for (int i = 0; i < TW; ++i)
+#pragma unroll
+    for (int e = 0; e < R; ++e) acc[i][e] = 0.f;
+  u32 afr[2][TW][4];   // fragment buffers of even / odd k16 steps
+
+  auto compute = [&](const typename Stream::Stage& st, u32 slot_addr) {
+#pragma unroll
+    for (int h = 0; h < SZ; ++h) {
+      ScaledDecoder<T> dec[TW];
+#pragma unroll
+      for (int i = 0; i < TW; ++i) dec[i].set(st.z[h][i], st.s[h][i]);
+#pragma unroll
+      for (int tt = 0; tt < 4 / SZ; ++tt) {
+        const int t = h * (4 / SZ) + tt;
+        wait<1>();                                     // step t - 2 (buffer t & 1) has finished
+#pragma unroll
+        for (int i = 0; i < TW; ++i) dec[i].fragment(awq_units::word(st.w[i], t), afr[t & 1][i]);
+        fence();
+        const u64 desc = desc_sw128(slot_addr + 32 * t);
+#pragma unroll
+        for (int i = 0; i < TW; ++i) Wgmma<T, BM>::run(acc[i], afr[t & 1][i], desc);
+        commit();
+      }
+    }
+  };
+
+  // Prologue: P - 1 units of weights in registers, requested before awq_tile_x_kernel has finished (programmatic
+  // dependent launch, common.cuh); the x tiles and every write only after pdl_wait(). The barriers are
+  // initialised before anyone waits on them.
+  typename Stream::Stage st[P];
+#pragma unroll
+  for (int j = 0; j < P - 1; ++j)
+    if (j < n) units.load(st[j]);
+  pdl_wait();
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < SLOTS; ++s) mbar_init(bar0 + 8 * s, 1);
+    mbar_init_fence();
+    for (int v = 0; v < min(n, SLOTS - 2); ++v) request(v);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < TW; ++i) pin(acc[i]);
+
+  int slot = 0;
+  u32 phase = 0;
+  for (int it = 0; it < n; it += P) {
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      const int u = it + j;
+      if (u >= n) break;
+      // slot of unit u + SLOTS - 2 = that of unit u - 2, whose wgmmas every warpgroup saw finish before the
+      // previous barrier (its waits at the steps of unit u - 1)
+      if (tid == 0 && u + SLOTS - 2 < n) request(u + SLOTS - 2);
+      if (u + P - 1 < n) units.load(st[(j + P - 1) % P]);
+      mbar_wait(bar0 + 8 * slot, phase);
+      compute(st[j], smem0 + slot * SLOT_BYTES);
+      if (++slot == SLOTS) {
+        slot = 0;
+        phase ^= 1u;
+      }
+      __syncthreads();
+    }
+  }
+  wait<0>();
+#pragma unroll
+  for (int i = 0; i < TW; ++i) pin(acc[i]);
+
+  store_swapped_tile<T, TW, NB>([&](int i, int j, int e) { return acc[i][4 * j + e]; }, bias, y, ws, M, N, Np, m0,
+                                blk0, units.nvalid, lane);
+}

@@ -1,0 +1,304 @@
+// gemv_tc.cu: W4A16 matmul for few rows (M <= 8 NB tokens) on tensor cores, A and B swapped:
+//   y^T[N, M] = W^T[N, K] @ x^T[K, M],   fp32 accumulation, one final rounding, deterministic.
+//
+// Why swapped: with few tokens the 16-row A operand of mma.m16n8k16 would be mostly padding. Taking the weights
+// as A (16 output channels per mma) and x^T as B (8 tokens per mma) halves the tensor-core work at M <= 8. In the
+// tile layout (awq_cupy/layout.py) lane (r, c)'s word i of block (t, ks) is the A fragment of channels 16t + c
+// (rows g) and 16t + c + 8 (rows g + 8) for mma k16 step i, whose k are 64ks + 32 (i >> 1) + 8r + 4 (i & 1) +
+// (0, 1), (2, 3) (WeightDecoder in common.cuh turns it into exact q - z). x^T enters in the same k order, so a
+// lane's x^T fragments of a 32-k half are 8 consecutive values of its token's row: one 16-byte load.
+//
+// Operands: x T [M, K] (16-byte aligned rows, K % 8 == 0); qtiles uint4 [NT16][KS][32]; scales/zeros [NG, Np]
+// of T, permuted per 16-column block (word c of block t holds channels 16t + c and 16t + c + 8), read here as
+// u32 words; bias T [N] or null; y T [M, N].
+//
+// Work split, chosen so that no two CTAs share an output (no atomics, no workspace, no second kernel):
+// - The 16-column blocks are dealt to the CTAs (one per SM) in contiguous ranges that differ by at most one
+//   block; a CTA takes its blocks TW at a time ("column groups"; the last may be short, its missing blocks are
+//   neither read nor written).
+// - Inside a CTA, the (column group, 64-k block) units, group-major, are cut into W equal contiguous runs, one
+//   per warp. In the layout a run is one linear byte range per block (a block's K is contiguous), so every warp
+//   streams the same number of bytes whatever the shape.
+// - A column group covered by one warp is written by that warp. A group shared by consecutive warps (at most
+//   the ends of each run) leaves fp32 partials in shared memory; after one block barrier, the warp in which
+//   the group starts adds them in warp order and writes y. The summation order depends on (K, N, G), the GPU
+//   and the launch plan, never on timing, so results are bitwise reproducible run to run.
+// Memory pipeline: plain 16-byte loads into registers, one or two units ahead: while a warp decodes and
+// multiplies unit u, the loads of the next units (TW weight words with the streaming cache hint, the scale/zero
+// words of their blocks, and the x^T fragments of their 64 k) are in flight. On the H200 this reaches 3.7 TB/s with 2 KB in
+// flight per warp, where a cp.async shared-memory ring of any depth stayed at 1.6-3.5 TB/s (bench/NOTES.md, v10,
+// bench/stream_probe.py). x is read through L1 (every warp of the CTA reads the same rows).
+// Math: the weights enter the mma as exact (q - z); each group's fp32 sum is multiplied by the channel's scale
+// at the group's end, once per group (GA: groups of whole 64-k blocks, or one group) or per 32 k (G % 64 == 32).
+// Variants: T x (NB, TW) x GA (table: awq_cupy/kernels.py); W (warps per CTA) is a launch parameter.
+// Launched by awq_cupy.matmul.
+#include "common.cuh"
+
+namespace awq_gemv {
+// Threads per CTA the kernel is compiled for (registers: the one-unit-ahead pipeline of 4 blocks needs ~160).
+// sm_75 has fewer registers per thread at 384 threads than this variant needs without spilling.
+template <int NB, int TW, bool GA> struct Bounds {
+  static constexpr int threads = (TW * NB >= 4) ? (AWQ_CUPY_CC < 800 ? 256 : 384) : 512;
+  // units in registers (S - 1 loading ahead); two scale groups per unit cost too many registers for three
+  static constexpr int stages = (NB == 1 && (TW == 1 || (TW == 2 && GA))) ? 3 : 2;
+};
+}  // namespace awq_gemv
+
+template <typename T, int NB, int TW, bool GA>
+__global__ void __launch_bounds__(awq_gemv::Bounds<NB, TW, GA>::threads, 1) awq_gemv_tc_kernel(
+    const T* __restrict__ x,          // [M, K] activations
+    const uint4* __restrict__ qtiles, // [NT16][KS][32] weight blocks
+    const u32* __restrict__ scales,   // [NG, Np] permuted scales, as u32 pairs
+    const u32* __restrict__ zeros,    // [NG, Np] permuted MAGIC + z, as u32 pairs
+    const T* __restrict__ bias,       // [N] or nullptr
+    T* __restrict__ y,                // [M, N]
+    int M, int N, int K,              // problem size (M <= 8 NB)
+    int NT16, int KS,                 // 16-column blocks, 64-k blocks per column block
+    int G, int NG, int Np) {          // group size, number of groups, padded N
+  constexpr int SZ = GA ? 1 : 2;      // scale groups per unit
+  extern __shared__ __align__(16) unsigned char smem[];
+
+  pdl_trigger();   // the next kernel may launch now: it waits for this one before it touches y or x
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
+  const int g8 = lane >> 2, t4 = lane & 3;
+
+  // This CTA's 16-column blocks [b0, b0 + nblk), taken TW at a time, and this warp's units [u0, u1).
+  const int b0 = (int)((long long)blockIdx.x * NT16 / gridDim.x);
+  const int nblk = (int)((long long)(blockIdx.x + 1) * NT16 / gridDim.x) - b0;
+  const int units = (nblk + TW - 1) / TW * KS;
+  const int U = (units + W - 1) / W;
+  const int u0 = min(units, warp * U), u1 = min(units, u0 + U);
+  const int run = u1 - u0;
+
+  // Shared memory: fp32 partials [2W][TW NB][32] float4 (slot 2w: warp w's first segment, 2w + 1: its last;
+  // lane-minor, so a warp's float4 accesses do not conflict).
+  float* partials = reinterpret_cast<float*>(smem);
+
+  // ---- load cursor: the next unit to load, as running values (no divisions in the loop) -----------------
+  int l_cg = u0 / KS, l_ks = u0 % KS;                     // column group (relative), 64-k block
+  int l_nv = min(TW, nblk - TW * l_cg);                   // valid blocks in the column group
+  int l_gk = NG == 1 ? 64 * l_ks : (64 * l_ks) % G;      // k offset of the unit inside its group
+  const long long blk_words = (long long)KS * 32;         // uint4 per block
+  const uint4* l_w = qtiles + (long long)(b0 + TW * l_cg) * blk_words + (long long)l_ks * 32 + lane;
+  const int np2 = Np >> 1;                                // u32 words per group row
+  // scale and zero words of (channel 16 b + g8, + 8) of this unit's group, for the column group's first block b
+  const long long sz0 = (long long)(NG == 1 ? 0 : 64 * l_ks / G) * np2 + 8 * (b0 + TW * l_cg) + g8;
+  const u32* l_s = scales + sz0;
+  const u32* l_z = zeros + sz0;
+  // x^T fragments: in the layout's mma k order (layout.k_of_kappa) lane (g8, t4)'s b0, b1 of k16 steps 2h and
+  // 2h + 1 are the 8 consecutive values x[token 8 nb + g8, 64 ks + 32 h + 8 t4 .. + 7]: one 16-byte load per half.
+  const T* xrow[NB];
+  bool xtok[NB];
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) {
+    const int tok = 8 * nb + g8;
+    xtok[nb] = tok < M;
+    xrow[nb] = x + (long long)(xtok[nb] ? tok : 0) * K + 8 * t4;
+  }
+
+  struct Stage {
+    uint4 w[TW];
+    u32 xb[NB][8];          // (b0, b1) of the unit's 4 k16 steps: words 2t, 2t + 1 of step t
+    u32 s[SZ][TW], z[SZ][TW];
+  };
+  auto load_x = [&](Stage& st, int k0) {   // the x^T fragments of the unit starting at k0
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int k = k0 + 32 * h;                          // + 8 t4 inside xrow; K % 8 == 0
+        const uint4 v = (xtok[nb] && k + 8 * t4 < K) ? __ldg(reinterpret_cast<const uint4*>(xrow[nb] + k))
+                                                     : make_uint4(0u, 0u, 0u, 0u);
+        st.xb[nb][4 * h] = v.x;
+        st.xb[nb][4 * h + 1] = v.y;
+        st.xb[nb][4 * h + 2] = v.z;
+        st.xb[nb][4 * h + 3] = v.w;
+      }
+  };
+  // The next unit's weights, scales, zeros (and x unless with_x is false), then advance the cursor.
+  auto load = [&](Stage& st, bool with_x) {
+#pragma unroll
+    for (int i = 0; i < TW; ++i)
+      st.w[i] = i < l_nv ? __ldcs(l_w + i * blk_words) : make_uint4(0u, 0u, 0u, 0u);
+    const int k0 = 64 * l_ks;
+    if (with_x) load_x(st, k0);
+#pragma unroll
+    for (int h = 0; h < SZ; ++h) {
+      // the unit's second 32 k may start the next group (GA false); past K any group would do, keep this one
+      const int next = (!GA && h == 1 && l_gk + 32 >= G && k0 + 32 < K) ? np2 : 0;
+#pragma unroll
+      for (int i = 0; i < TW; ++i) {
+        st.s[h][i] = i < l_nv ? __ldg(l_s + next + 8 * i) : 0u;
+        st.z[h][i] = i < l_nv ? __ldg(l_z + next + 8 * i) : 0u;
+      }
+    }
+    // advance to the next unit
+    l_w += 32;
+    l_gk += 64;
+    if (l_gk >= G) { l_gk -= G; l_s += np2; l_z += np2; }
+    if (!GA && l_gk >= G) { l_gk -= G; l_s += np2; l_z += np2; }
+    if (++l_ks == KS) {                                   // next column group
+      l_ks = 0;
+      ++l_cg;
+      l_nv = min(TW, nblk - TW * l_cg);
+      l_gk = 0;
+      l_w += (TW - 1) * blk_words;
+      l_s = scales + 8 * (b0 + TW * l_cg) + g8;
+      l_z = zeros + 8 * (b0 + TW * l_cg) + g8;
+    }
+  };
+
+  float acc[TW][NB][4], accg[TW][NB][4];
+#pragma unroll
+  for (int i = 0; i < TW; ++i)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][nb][e] = accg[i][nb][e] = 0.f;
+
+  // Accumulator e of (i, nb) is channel 16 (b0 + TW cg + i) + g8 + 8 (e >> 1), token 8 nb + 2 t4 + (e & 1).
+  auto store = [&](int cg, const float (&v)[TW][NB][4]) {
+#pragma unroll
+    for (int i = 0; i < TW; ++i) {
+      if (TW * cg + i >= nblk) continue;
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int ch = 16 * (b0 + TW * cg + i) + g8 + 8 * (e >> 1), tok = 8 * nb + 2 * t4 + (e & 1);
+          if (tok < M && ch < N) {
+            float r = v[i][nb][e];
+            if (bias != nullptr) r += Traits<T>::to_float(bias[ch]);
+            y[(long long)tok * N + ch] = Traits<T>::from_float(r);
+          }
+        }
+    }
+  };
+  auto partial_ptr = [&](int slot) { return reinterpret_cast<float4*>(partials) + (slot * (TW * NB)) * 32 + lane; };
+  auto to_partials = [&](int slot) {
+    float4* p = partial_ptr(slot);
+#pragma unroll
+    for (int i = 0; i < TW; ++i)
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+        p[(i * NB + nb) * 32] = make_float4(acc[i][nb][0], acc[i][nb][1], acc[i][nb][2], acc[i][nb][3]);
+  };
+
+  int c_ks = u0 % KS, c_cg = u0 / KS;              // relative column group being consumed
+  bool seg_first = true, seg_whole_start = c_ks == 0;
+  // GA: units left in the current scale group (its fp32 sums are scaled once, at the group's end).
+  const int upg = NG == 1 ? KS : max(1, G / 64);
+  int g_left = NG == 1 ? KS - c_ks : upg - c_ks % upg;
+
+  // Decode + multiply one unit, then the group / segment bookkeeping.
+  auto compute = [&](const Stage& st, int it) {
+    const bool seg_end = c_ks + 1 == KS || it + 1 == run;
+    auto flush = [&](int h) {   // acc += s * accg per channel; accg = 0
+#pragma unroll
+      for (int i = 0; i < TW; ++i) {
+        const T* sp = reinterpret_cast<const T*>(&st.s[h][i]);
+        const float slo = Traits<T>::to_float(sp[0]), shi = Traits<T>::to_float(sp[1]);
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            acc[i][nb][e] = fmaf(e < 2 ? slo : shi, accg[i][nb][e], acc[i][nb][e]);
+            accg[i][nb][e] = 0.f;
+          }
+      }
+    };
+#pragma unroll
+    for (int h = 0; h < SZ; ++h) {
+      WeightDecoder<T> dec[TW];
+#pragma unroll
+      for (int i = 0; i < TW; ++i) dec[i].set_zeros(st.z[h][i]);
+#pragma unroll
+      for (int tt = 0; tt < 4 / SZ; ++tt) {
+        const int t = h * (4 / SZ) + tt;           // k16 step of the unit
+#pragma unroll
+        for (int i = 0; i < TW; ++i) {
+          u32 a[4];
+          dec[i].a_fragment(t == 0 ? st.w[i].x : t == 1 ? st.w[i].y : t == 2 ? st.w[i].z : st.w[i].w, a);
+#pragma unroll
+          for (int nb = 0; nb < NB; ++nb) mma_16816<T>(accg[i][nb], a, st.xb[nb][2 * t], st.xb[nb][2 * t + 1]);
+        }
+      }
+      if (!GA) flush(h);                           // two groups per unit: each half is its own group
+    }
+    if (GA) {
+      if (--g_left == 0 || seg_end) flush(0);
+      if (g_left == 0) g_left = upg;
+    }
+    // Segment (one column group inside this run) ends at the group's last unit or at the run's end.
+    if (seg_end) {
+      ++c_ks;
+      if (seg_whole_start && c_ks == KS) store(c_cg, acc);
+      else to_partials(seg_first ? 2 * warp : 2 * warp + 1);
+#pragma unroll
+      for (int i = 0; i < TW; ++i)
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[i][nb][e] = 0.f;
+      seg_first = false;
+      seg_whole_start = true;
+      if (c_ks == KS) { c_ks = 0; ++c_cg; }
+    } else {
+      ++c_ks;
+    }
+  };
+
+  // S stages in registers: the loads of S - 1 units are in flight while one is computed (S = 3 where the
+  // registers allow it under the launch bound, else 2).
+  constexpr int S = awq_gemv::Bounds<NB, TW, GA>::stages;
+  Stage st[S];
+  // Prologue: the first units' weights are requested before the previous kernel of the stream has finished
+  // (programmatic dependent launch, common.cuh); x only after pdl_wait().
+  int pk[S - 1];
+#pragma unroll
+  for (int j = 0; j < S - 1; ++j)
+    if (j < run) {
+      pk[j] = 64 * l_ks;
+      load(st[j], false);
+    }
+  pdl_wait();
+#pragma unroll
+  for (int j = 0; j < S - 1; ++j)
+    if (j < run) load_x(st[j], pk[j]);
+  for (int it = 0; it < run; it += S) {
+#pragma unroll
+    for (int j = 0; j < S; ++j) {
+      if (it + j >= run) break;
+      if (it + j + S - 1 < run) load(st[(j + S - 1) % S], true);
+      compute(st[j], it + j);
+    }
+  }
+  __syncthreads();
+
+  // Shared column groups: the warp in which a group starts sums the partials of its contributors in warp
+  // order. Only the run's last group can start here and continue past the run's end.
+  if (run > 0) {
+    const int tl = (u1 - 1) / KS;
+    if (tl * KS >= u0 && (tl + 1) * KS > u1) {
+      const int w_hi = ((tl + 1) * KS - 1) / U;
+      float v[TW][NB][4];
+#pragma unroll
+      for (int i = 0; i < TW; ++i)
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) v[i][nb][e] = 0.f;
+      for (int w2 = warp; w2 <= w_hi; ++w2) {
+        const float4* p = partial_ptr(w2 == warp ? (tl * KS == u0 ? 2 * warp : 2 * warp + 1) : 2 * w2);
+#pragma unroll
+        for (int i = 0; i < TW; ++i)
+#pragma unroll
+          for (int nb = 0; nb < NB; ++nb) {
+            const float4 q = p[(i * NB + nb) * 32];
+            v[i][nb][0] += q.x; v[i][nb][1] += q.y; v[i][nb][2] += q.z; v[i][nb][3] += q.w;
+          }
+      }
+      store(tl, v);
+    }
+  }
+}
