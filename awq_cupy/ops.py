@@ -509,10 +509,11 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
     aligned, grid, splits, per, smem, NT16, m_tiles, schedule, ws_floats). ``resident`` = CTAs the GPU holds at
     once (default one per SM).
 
-    mma.sync: grid (column tiles, splits, token tiles), split-K from ``plan_splits`` with the unit-time model
-    unless ``splits`` is given, partials ``[splits, M, Np]`` summed by a reduce kernel.
-    wgmma: a 1-D grid over a ``WgSchedule``: stream-K over ``resident`` CTAs (or ``ctas``), or, with ``splits``
-    or ``batch_invariant``, fixed pieces per tile (``splits`` = pieces); ``ws_floats`` of partial sums.
+    Split-K from ``plan_splits`` with the unit-time model unless ``splits`` is given. mma.sync: grid (column
+    tiles, splits, token tiles), partials ``[splits, M, Np]`` summed by a reduce kernel. wgmma: a 1-D grid over a
+    ``WgSchedule`` of ``splits`` pieces per tile, or stream-K over ``ctas`` CTAs when that is given (measured
+    slower than the planned split on the Mistral-7B layers, bench/NOTES.md v18); ``ws_floats`` of partial sums,
+    added up by the last CTA of a tile to finish.
     ``batch_invariant``: the split count is planned for one 16-row token tile whatever M is, so a row's result
     does not depend on M."""
     from .kernels import GEMM_WARPS, gemm_sw_smem_bytes, gemm_wg_smem_bytes
@@ -533,9 +534,9 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
         raise ValueError(f"ctas={ctas} must be at least 1")
     NG = max(1, K // group_size)
     aligned = group_size % 64 == 0 or NG == 1
-    if wgmma and splits is None and not batch_invariant:
+    if ctas is not None:   # wgmma, stream-K
         T = n_ctas * m_tiles
-        L = max(-(-T * KS // (res if ctas is None else ctas)), min(KS, _MIN_UNITS_PER_CTA))
+        L = max(-(-T * KS // ctas), min(KS, _MIN_UNITS_PER_CTA))
         sched = WgSchedule(KS, T, L=L)
         return dict(token_blocks=nb, tiles=tw, depth=depth, aligned=aligned, grid=(sched.ctas, 1, 1), splits=0,
                     per=L, smem=gemm_wg_smem_bytes(nb), NT16=NT16, m_tiles=m_tiles, schedule=sched,

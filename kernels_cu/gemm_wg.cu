@@ -163,10 +163,26 @@ __global__ void __launch_bounds__(awq_wg::THREADS, awq_wg::ctas_per_sm(NB, TW, G
   // of a warpgroup issues its wgmmas; blocks past NT16 load zeros and are not stored.
   Stream units(nullptr, qtiles, scales, zeros, M, K, NT16, KS, G, NG, Np, 0, it0 % KS, blk_of(it0 / KS), tid,
                lane);
-  auto request = [&](int v) {   // thread 0: the x tile of this CTA's unit v into slot v % SLOTS
-    const int i = it0 + v, t = i / KS, s = v % SLOTS;
-    const T* src = xt + ((long long)(t % m_tiles) * KS + (i - t * KS)) * (BM * 64);
-    bulk_load(smem0 + s * SLOT_BYTES, src, SLOT_BYTES, bar0 + 8 * s);
+  // Thread 0 requests the x tiles of the CTA's units in order: unit v into slot v % SLOTS, from a running source
+  // (r_src: the next unit's tile, r_left units to its tile's end, r_mt its token tile). No divisions per unit:
+  // thread 0's extra work delays the whole CTA at the barrier after each unit.
+  const T* r_src;
+  int r_left, r_mt;
+  {
+    const int t0 = it0 / KS;
+    r_mt = t0 % m_tiles;
+    r_left = KS - (it0 - t0 * KS);
+    r_src = xt + ((long long)r_mt * KS + (KS - r_left)) * (BM * 64);
+  }
+  auto request = [&](int v) {
+    const int s = v % SLOTS;
+    bulk_load(smem0 + s * SLOT_BYTES, r_src, SLOT_BYTES, bar0 + 8 * s);
+    r_src += BM * 64;
+    if (--r_left == 0) {   // the next tile: token tile r_mt + 1, or the first of the next column tile
+      r_left = KS;
+      if (++r_mt == m_tiles) r_mt = 0;
+      r_src = xt + (long long)r_mt * KS * (BM * 64);
+    }
   };
 
   float acc[TW][R];

@@ -2,7 +2,7 @@
 import pytest
 
 from awq_cupy import dispatch, jit, kernels
-from awq_cupy.ops import (WgSchedule, gemm_shape_for, plan_gemm, plan_gemv, plan_splits, rounds_weights,
+from awq_cupy.ops import (WgSchedule, _unit_us, gemm_shape_for, plan_gemm, plan_gemv, plan_splits, rounds_weights,
                           uses_cublas)
 
 
@@ -304,8 +304,18 @@ def test_schedule_rejects_bad_arguments():
 
 @pytest.mark.parametrize("K,N", [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096), (8, 8), (1000, 200)])
 @pytest.mark.parametrize("M", [17, 64, 128, 300, 1024])
-def test_plan_gemm_wgmma_runs_stream_k_over_the_resident_ctas(K, N, M):
-    p = plan_gemm(M, K, N, 128 if K % 128 == 0 else K, wgmma=True, resident=264)
+def test_plan_gemm_wgmma_stream_k_and_pieces(K, N, M):
+    G = 128 if K % 128 == 0 else K
+    pieces = plan_gemm(M, K, N, G, wgmma=True, resident=264)
+    s = pieces["schedule"]
+    nb, tw = pieces["token_blocks"], pieces["tiles"]
+    n_col, m_tiles, KS = -(-(-(-N // 64) * 4) // (8 * tw)), -(-M // (8 * nb)), -(-K // 64)
+    model = plan_splits(KS, n_col, m_tiles, resident=264, M=M, Np=-(-N // 64) * 64, stage_us=_unit_us(nb, tw, True),
+                        min_per=2, per_sm=2)
+    assert (s.tp, s.per, s.tiles) == (*model, n_col * m_tiles), "the split model's pieces"
+    assert s.tp == pieces["splits"] and s.per == pieces["per"] and pieces["grid"] == (s.ctas, 1, 1)
+    _check_schedule(s)
+    p = plan_gemm(M, K, N, G, wgmma=True, ctas=264)
     s = p["schedule"]
     KS = -(-K // 64)
     n_col = -(-(-(-N // 64) * 4) // (8 * p["tiles"]))
@@ -318,11 +328,11 @@ def test_plan_gemm_wgmma_runs_stream_k_over_the_resident_ctas(K, N, M):
 
 
 def test_plan_gemm_wgmma_examples():
-    # Mistral-7B qkv at M = 256: 48 tiles of 64 units on 132 CTAs (one per SM): 24 units each (was 2 waves)
-    p = plan_gemm(256, 4096, 6144, 128, wgmma=True, resident=132)
+    # Mistral-7B qkv at M = 256: 48 tiles of 64 units on 132 CTAs (one per SM): 24 units each
+    p = plan_gemm(256, 4096, 6144, 128, wgmma=True, ctas=132)
     assert (p["schedule"].ctas, p["schedule"].L) == (128, 24)
-    # gate_up at M = 256: 224 tiles on 132 CTAs, 109 units each (1.70 tiles; was 2 waves of one tile)
-    p = plan_gemm(256, 4096, 28672, 128, wgmma=True, resident=132)
+    # gate_up at M = 256: 224 tiles on 132 CTAs, 109 units each (1.70 tiles, not 2 waves of one)
+    p = plan_gemm(256, 4096, 28672, 128, wgmma=True, ctas=132)
     assert (p["schedule"].ctas, p["schedule"].L) == (132, 109)
     # a grid that divides the work into whole tiles needs no partial sums
     p = plan_gemm(256, 4096, 4096, 128, wgmma=True, ctas=32)
