@@ -207,29 +207,6 @@ def _workspace(nfloats: int, device_id: int, what: str = "partials"):
     return bufs[-1]
 
 
-def _arrival_flags(n: int, device_id: int):
-    """int32 zeros, one per tile of the wgmma GEMM, per (device, current stream), never freed: the kernel counts
-    the CTAs arriving at a shared tile here and the last one sets the count back to zero, so the buffer is zero
-    between launches. A new buffer is zeroed on the current stream, or, while that stream is capturing a CUDA
-    graph, on a side stream at once (a memset captured into the graph would not run before the buffer's first use
-    outside the graph)."""
-    import cupy
-
-    stream = cupy.cuda.get_current_stream()
-    key = (device_id, stream.ptr, "flags")
-    bufs = _workspaces.setdefault(key, [])
-    if not bufs or bufs[-1].size < n:
-        buf = cupy.empty(max(n, 1 << 12), dtype=cupy.int32)
-        if _is_capturing():
-            side = cupy.cuda.Stream(non_blocking=True)
-            cupy.cuda.runtime.memsetAsync(buf.data.ptr, 0, buf.nbytes, side.ptr)
-            side.synchronize()
-        else:
-            cupy.cuda.runtime.memsetAsync(buf.data.ptr, 0, buf.nbytes, stream.ptr)
-        bufs.append(buf)
-    return bufs[-1]
-
-
 def _is_capturing() -> bool:
     import cupy
 
@@ -461,61 +438,13 @@ def gemm_shape_for(M: int, tiles: int | None = None, *, wgmma: bool = False,
                      f"(token blocks, tiles, depth): {shapes}")
 
 
-_MIN_UNITS_PER_CTA = 4   # stream-K: at least 4 x 64 k per CTA (or the whole K)
-
-
-class WgSchedule:
-    """Which 64-k units each CTA of the wgmma GEMM runs: the host mirror of ``awq_wg::Sched``
-    (kernels_cu/gemm_wg.cu). Tile t (column tile t // m_tiles, token tile t % m_tiles) is iterations
-    [t KS, (t + 1) KS) of one sequence. Stream-K (``tp == 0``): CTA c runs [c L, min(I, (c + 1) L)). Fixed pieces
-    (``tp > 0``): CTA c runs piece c % tp of tile c // tp, units [p per, min(KS, (p + 1) per))."""
-
-    def __init__(self, KS: int, tiles: int, L: int = 0, tp: int = 0, per: int = 0):
-        if KS < 1 or tiles < 1 or (tp > 0) == (L > 0) or (tp > 0 and not (tp - 1) * per < KS <= tp * per):
-            raise ValueError(f"bad wgmma GEMM schedule KS={KS}, tiles={tiles}, L={L}, tp={tp}, per={per}")
-        if tiles * KS >= 1 << 31:
-            raise ValueError(f"{tiles} tiles x {KS} units of 64 k exceed the kernel's 32-bit iteration count")
-        self.KS, self.tiles, self.L, self.tp, self.per = KS, tiles, L, tp, per
-        self.I = tiles * KS
-        self.ctas = tiles * tp if tp else -(-self.I // L)
-
-    def range(self, c: int) -> tuple[int, int]:
-        if self.tp:
-            t, p = divmod(c, self.tp)
-            return t * self.KS + p * self.per, t * self.KS + min(self.KS, (p + 1) * self.per)
-        return c * self.L, min(self.I, (c + 1) * self.L)
-
-    def contributors(self, t: int) -> range:
-        if self.tp:
-            return range(t * self.tp, (t + 1) * self.tp)
-        return range(t * self.KS // self.L, ((t + 1) * self.KS - 1) // self.L + 1)
-
-    def slot(self, c: int, t: int) -> int:
-        if self.tp:
-            return c
-        return 2 * c + (0 if c * self.L >= t * self.KS else 1)
-
-    def slots(self) -> int:
-        """Workspace slots of partial sums the launch needs (0: every tile is done by one CTA)."""
-        if self.tp:
-            return self.ctas if self.tp > 1 else 0
-        return 0 if self.L % self.KS == 0 or self.ctas == 1 else 2 * self.ctas
-
-
 def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, sm_count: int = 132,
               resident: int | None = None, tiles: int | None = None, splits: int | None = None,
-              batch_invariant: bool = False, depth: int | None = None, ctas: int | None = None) -> dict:
+              batch_invariant: bool = False, depth: int | None = None) -> dict:
     """Launch plan of the GEMM (wgmma: the sm_90a kernel, else the mma.sync one): dict(token_blocks, tiles, depth,
-    aligned, grid, splits, per, smem, NT16, m_tiles, schedule, ws_floats). ``resident`` = CTAs the GPU holds at
-    once (default one per SM).
-
-    Split-K from ``plan_splits`` with the unit-time model unless ``splits`` is given. mma.sync: grid (column
-    tiles, splits, token tiles), partials ``[splits, M, Np]`` summed by a reduce kernel. wgmma: a 1-D grid over a
-    ``WgSchedule`` of ``splits`` pieces per tile, or stream-K over ``ctas`` CTAs when that is given (measured
-    slower than the planned split on the Mistral-7B layers, bench/NOTES.md v18); ``ws_floats`` of partial sums,
-    added up by the last CTA of a tile to finish.
-    ``batch_invariant``: the split count is planned for one 16-row token tile whatever M is, so a row's result
-    does not depend on M."""
+    aligned, grid, splits, per, smem, NT16). ``resident`` = CTAs the GPU holds at once (default one per SM).
+    Split-K from ``plan_splits`` with the unit-time model unless ``splits`` is given. ``batch_invariant``: the
+    split count is planned for one 16-row token tile whatever M is, so a row's result does not depend on M."""
     from .kernels import GEMM_WARPS, gemm_sw_smem_bytes, gemm_wg_smem_bytes
     from .layout import padded_sizes
 
@@ -527,20 +456,6 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
     n_ctas = -(-NT16 // (GEMM_WARPS * tw))
     m_tiles = -(-M // (8 * nb))
     res = sm_count if resident is None else resident
-    if ctas is not None and (not wgmma or splits is not None or batch_invariant):
-        raise ValueError("ctas= sets the stream-K grid of the wgmma GEMM; it does not combine with splits= or "
-                         "batch_invariant, nor apply to the mma.sync GEMM")
-    if ctas is not None and ctas < 1:
-        raise ValueError(f"ctas={ctas} must be at least 1")
-    NG = max(1, K // group_size)
-    aligned = group_size % 64 == 0 or NG == 1
-    if ctas is not None:   # wgmma, stream-K
-        T = n_ctas * m_tiles
-        L = max(-(-T * KS // ctas), min(KS, _MIN_UNITS_PER_CTA))
-        sched = WgSchedule(KS, T, L=L)
-        return dict(token_blocks=nb, tiles=tw, depth=depth, aligned=aligned, grid=(sched.ctas, 1, 1), splits=0,
-                    per=L, smem=gemm_wg_smem_bytes(nb), NT16=NT16, m_tiles=m_tiles, schedule=sched,
-                    ws_floats=sched.slots() * GEMM_WARPS * 32 * tw * 4 * nb)
     if splits is not None:
         if not 1 <= splits <= KS:
             raise ValueError(f"splits={splits} must be 1 to {KS} (the 64-k units of K={K})")
@@ -553,18 +468,14 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
     else:
         splits, per = plan_splits(KS, n_ctas, m_tiles, resident=res, M=M, Np=Np, stage_us=_unit_us(nb, tw, wgmma),
                                   min_per=2, per_sm=res // sm_count)
-    if wgmma:   # fixed pieces: `splits` per tile
-        sched = WgSchedule(KS, n_ctas * m_tiles, tp=splits, per=per)
-        return dict(token_blocks=nb, tiles=tw, depth=depth, aligned=aligned, grid=(sched.ctas, 1, 1),
-                    splits=splits, per=per, smem=gemm_wg_smem_bytes(nb), NT16=NT16, m_tiles=m_tiles,
-                    schedule=sched, ws_floats=sched.slots() * GEMM_WARPS * 32 * tw * 4 * nb)
-    return dict(token_blocks=nb, tiles=tw, depth=depth, aligned=aligned, grid=(n_ctas, splits, m_tiles),
-                splits=splits, per=per, smem=gemm_sw_smem_bytes(nb), NT16=NT16, m_tiles=m_tiles, schedule=None,
-                ws_floats=splits * M * Np if splits > 1 else 0)
+    NG = max(1, K // group_size)
+    smem = gemm_wg_smem_bytes(nb) if wgmma else gemm_sw_smem_bytes(nb)
+    return dict(token_blocks=nb, tiles=tw, depth=depth, aligned=group_size % 64 == 0 or NG == 1,
+                grid=(n_ctas, splits, m_tiles), splits=splits, per=per, smem=smem, NT16=NT16)
 
 
 def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, tiles=None, splits=None,
-                 wgmma=None, depth=None, ctas=None):
+                 wgmma=None, depth=None):
     from .kernels import (GEMM_WARPS, gemm_sw_smem_bytes, gemm_sw_variant, gemm_wg_smem_bytes, gemm_wg_variant,
                           kernel, reduce_variant, tile_x_variant)
 
@@ -580,26 +491,20 @@ def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, 
     # batch-invariant plans must not depend on this M's variant: one CTA per SM
     resident = sm_count if batch_invariant else gk.resident_blocks(32 * GEMM_WARPS, smem) * sm_count
     p = plan_gemm(M, w.K, w.N, w.group_size, wgmma=wg, sm_count=sm_count, resident=resident, tiles=tw,
-                  splits=splits, batch_invariant=batch_invariant, depth=depth, ctas=ctas)
+                  splits=splits, batch_invariant=batch_invariant, depth=depth)
     Np = w.NT * 64
     pdl = uses_pdl(arch)
-    ws = _workspace(p["ws_floats"], w.device) if p["ws_floats"] else _NULL
+    ws = _workspace(p["splits"] * M * Np, w.device) if p["splits"] > 1 else _NULL
+    xin = x2
     if wg:   # x as per-(token tile, 64-k unit) shared-memory images, each brought in by one bulk copy
-        m_tiles, BM, sched = p["m_tiles"], 8 * nb, p["schedule"]
+        m_tiles, BM = p["grid"][2], 8 * nb
         chunks = m_tiles * w.KS * BM * 8
         xin = _workspace(chunks * 4, w.device, "x_tiles")
         kernel("gemm_wg", tile_x_variant(kind), w.device).launch(
             (min(-(-chunks // 256), 1 << 16),), (256,),
             (x2, xin, as_i32(M), as_i32(w.K), as_i32(w.KS), as_i32(BM), np.int64(chunks)), pdl=pdl)
-        flags = _arrival_flags(sched.tiles, w.device) if p["ws_floats"] else _NULL
-        gk.launch(p["grid"], (32 * GEMM_WARPS,),
-                  (xin, w.qtiles, w.scales, w.zeros, bias_arg, y2, ws, flags, as_i32(M), as_i32(w.N), as_i32(w.K),
-                   as_i32(p["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(Np),
-                   as_i32(m_tiles), as_i32(sched.tiles), as_i32(sched.L), as_i32(sched.tp), as_i32(sched.per)),
-                  smem=p["smem"], pdl=pdl)
-        return
     gk.launch(p["grid"], (32 * GEMM_WARPS,),
-              (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, ws, as_i32(M), as_i32(w.N), as_i32(w.K),
+              (xin, w.qtiles, w.scales, w.zeros, bias_arg, y2, ws, as_i32(M), as_i32(w.N), as_i32(w.K),
                as_i32(p["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(Np), as_i32(p["per"])),
               smem=p["smem"], pdl=pdl)
     if p["splits"] > 1:

@@ -6,9 +6,8 @@ Every measurement is also logged to stderr as it completes (with the time since 
 which one it is.
 Per (layer, M): the mma.sync kernel (gemm_tc.cu, M <= 32) and the wgmma kernel (gemm_wg.cu, sm_90 only) with
 their planned launches, then every instantiated wgmma shape (token blocks, column blocks per warp, depth) of M's
-token tile with stream-K over the resident CTAs ("sk", the plan) and over one CTA per SM ("sk1"), and with 1, 2
-and 4 fixed pieces per tile ("p1", ...). Prints the best five per (layer, M) and the sums; the JSON holds every
-measurement.
+token tile at split counts 1, 2, 4, 8 (16 up to M = 128) and the planned one. Prints the best five per (layer, M)
+and the sums; the JSON holds every measurement with the plan's split count and CTAs per SM (for the cost model).
 """
 import json
 import sys
@@ -61,20 +60,19 @@ for name, K, N in MODELS["mistral-7b"]:
                 per_sm = kernel("gemm_wg", gemm_wg_variant("float16", nb, tw, p, True)).resident_blocks(
                     32 * GEMM_WARPS, gemm_wg_smem_bytes(nb))
                 pp = ops.plan_gemm(M, K, N, G, wgmma=True, sm_count=sms, resident=per_sm * sms, tiles=tw, depth=p)
-                # stream-K over the resident CTAs (the plan) and over one CTA per SM; fixed pieces per tile
-                runs = [("sk", dict(ctas=pp["grid"][0])), ("sk1", dict(ctas=sms))]
-                runs += [(f"p{sp}", dict(splits=sp)) for sp in (1, 2, 4) if sp <= max(1, KS // 2)]
-                for tag, kw in runs:
-                    us = t(wgmma=True, tiles=tw, depth=p, **kw)
-                    res.append((us, f"{nb},{tw},{p}", tag))
-                    records.append(dict(layer=name, K=K, N=N, M=M, shape=[nb, tw, p], run=tag, us=us,
-                                        per_sm=per_sm, ctas=pp["grid"][0], L=pp["schedule"].L))
+                for sp in sorted({1, 2, 4, 8, pp["splits"]} | ({16} if M <= 128 else set())):
+                    if sp <= max(1, KS // 2):
+                        us = t(wgmma=True, tiles=tw, depth=p, splits=sp)
+                        res.append((us, f"{nb},{tw},{p}", sp))
+                        records.append(dict(layer=name, K=K, N=N, M=M, shape=[nb, tw, p], splits=sp, us=us,
+                                            planned=sp == pp["splits"], per_sm=per_sm, grid=pp["grid"][0] *
+                                            pp["grid"][2]))
             res.sort()
             row["best"] = min(res[0][0], row["wg"])
         for k, v in row.items():
             sums[(M, k)] = sums.get((M, k), 0.0) + v
         print(f"{name:8s} M={M:4d} " + "  ".join(f"{k} {v:7.1f}" for k, v in row.items())
-              + ("  " + "  ".join(f"({c})/{tag}:{us:.1f}" for us, c, tag in res[:5]) if res else ""), flush=True)
+              + ("  " + "  ".join(f"({c})/s{sp}:{us:.1f}" for us, c, sp in res[:5]) if res else ""), flush=True)
     del wq
     cp.get_default_memory_pool().free_all_blocks()
 for M in ms:

@@ -40,11 +40,9 @@ for K, N, G, kinds in [(24, 8, -1, ("float16", "bfloat16")), (96, 72, 32, ("floa
             for wg in sorted({False, ops.has_wgmma(arch_of_device(w.device))}) if M > 8 else ():
                 for nb, tw, _ in (GEMM_WG_SHAPES if wg else GEMM_SHAPES):  # every GEMM variant of M's token tile
                     if ops.gemm_token_tile(M, wg) == 8 * nb:
-                        runs = [dict(splits=1), dict(splits=min(3, w.KS))]
-                        runs += [dict(ctas=3), dict(ctas=7)] if wg else []   # stream-K ranges across tiles
-                        for kw in runs:
+                        for splits in (1, min(3, w.KS)):
                             y = cp.empty((M, N), dtype=x.dtype)
                             ops._launch_gemm(x, w, bias, y, M, kind, arch_of_device(w.device),
-                                             ops._sm_count(w.device), False, tiles=tw, wgmma=wg, **kw)
+                                             ops._sm_count(w.device), False, tiles=tw, splits=splits, wgmma=wg)
 cp.cuda.Device().synchronize()
 print("sanitize cases done")

@@ -82,17 +82,11 @@ template <typename T, int TW, int SZ, int BM, int THREADS, bool WX = true> struc
       xdst = (u32)(awq_units::swz_sw(tid >> 3, tid & 7) * 16);
     }
     blk_words = (long long)KS * 32;
-    np2 = Np >> 1;
-    seek(qtiles, NT16, ub, blk0, lane);
-  }
-
-  // Point the weight cursor at unit ub of the warp's blocks [blk0, blk0 + TW) (the wgmma kernel's CTAs move on
-  // to another tile mid-stream).
-  AWQ_DEVICE void seek(const uint4* qtiles, int NT16, int ub, int blk0, int lane) {
     l_w = qtiles + (long long)blk0 * blk_words + (long long)ub * 32 + lane;
     l_g = min(64 * ub / G, NG - 1);
     l_gk = (64 * ub) % G;
     l_k = 64 * ub;
+    np2 = Np >> 1;
     sz_col = 8 * blk0 + (lane >> 2);
     nvalid = max(0, min(TW, NT16 - blk0));
   }

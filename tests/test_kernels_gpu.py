@@ -293,9 +293,8 @@ def test_gemv_is_deterministic_and_rows_are_independent(rng):
 # ---------------------------------------------------------------------------------------------------------------
 # The swapped GEMM (M > 12): every variant, forced split counts, awkward shapes
 # ---------------------------------------------------------------------------------------------------------------
-def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False, ctas=None):
-    """Run the GEMM (the wgmma or the mma.sync kernel) with ``tiles`` column blocks per warp (and ``splits``, or
-    a stream-K grid of ``ctas``)."""
+def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False):
+    """Run the GEMM (the wgmma or the mma.sync kernel) with ``tiles`` column blocks per warp (and ``splits``)."""
     from awq_cupy import ops
     from awq_cupy.jit import arch_of_device
 
@@ -304,7 +303,7 @@ def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False, ctas=None):
     y = cp.full((M, w.N), np.nan, dtype=xg.dtype)
     b = cp.asarray(bias) if bias is not None else ops._NULL
     ops._launch_gemm(xg, w, b, y, M, w.dtype, arch_of_device(w.device), ops._sm_count(w.device), False,
-                     tiles=tiles, splits=splits, wgmma=wgmma, ctas=ctas)
+                     tiles=tiles, splits=splits, wgmma=wgmma)
     return y.get()
 
 
@@ -343,45 +342,14 @@ def test_gemm_variants_against_reference(rng, path, shape, K, N, G, kind):
     W64 = kernel_weight(Q, Z, S, G, kind)
     bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
     lo = tile // 2 + 1            # the smallest M that takes this token tile
-    # the tile's smallest and largest M, a forced split count, (largest tile only) several token tiles, and for
-    # wgmma stream-K grids of 7 and 3 CTAs (ranges that start and end inside tiles, several tiles per CTA)
-    cases = [(lo, {}), (tile, dict(splits=1)), (tile - 3, dict(splits=3)), (2 * tile + 5, {})]
-    if wg:
-        cases += [(tile - 1, dict(ctas=7)), (2 * tile + 3, dict(ctas=3))]
-    for M, kw in cases:
+    # the tile's smallest and largest M, a forced split count, and (largest tile only) several token tiles
+    for M, splits in ((lo, None), (tile, 1), (tile - 3, 3), (2 * tile + 5, None)):
         if gemm_token_tile(M, wg) != tile:
             continue
-        if "splits" in kw:
-            kw = dict(splits=min(kw["splits"], w.KS))
+        splits = None if splits is None else min(splits, w.KS)
         x = random_x(rng, M, K, kind)
-        assert_matmul_close(_gemm(x, w, tw, bias=bias, wgmma=wg, **kw), x, W64, kind, bias=bias,
-                            what=f"GEMM {path} {shape} {kw} {K}x{N} G={G} M={M} {kind}")
-
-
-@pytest.mark.parametrize("ctas", [1, 2, 5, 17, 64, 131, None])
-def test_wgmma_stream_k_is_exact_deterministic_and_leaves_the_flags_at_zero(rng, ctas):
-    """Stream-K grids of every kind of overlap (one CTA for everything, ranges shorter than a tile, several tiles
-    per CTA): close to the reference, bitwise the same as the one-CTA-per-tile launch where a tile is one CTA's,
-    bitwise run to run, and the arrival counters back at zero afterwards."""
-    from awq_cupy import ops
-
-    if not _has_wgmma():
-        pytest.skip("the wgmma GEMM needs compute capability 9.0")
-    K, N, M = 1600, 2080, 300           # KS = 25 units, 17 column tiles x 2 token tiles
-    Q, Z, S, G = random_layer(rng, K, N, 32)
-    w = _weight(Q, Z, S, G, "float16")
-    x = random_x(rng, M, K, "float16")
-    bias = (rng.standard_normal(N) * 0.1).astype(np.float16)
-    a = _gemm(x, w, 1, bias=bias, wgmma=True, ctas=ctas)
-    b = _gemm(x, w, 1, bias=bias, wgmma=True, ctas=ctas)
-    np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=f"run to run, ctas={ctas}")
-    assert_matmul_close(a, x, kernel_weight(Q, Z, S, G, "float16"), "float16", bias=bias, what=f"ctas={ctas}")
-    whole = _gemm(x, w, 1, bias=bias, wgmma=True, splits=1)
-    if ctas == 1:   # one CTA runs every tile whole: the same sums as one CTA per tile
-        np.testing.assert_array_equal(a.view(np.uint16), whole.view(np.uint16))
-    flags = ops._workspaces.get((0, cp.cuda.get_current_stream().ptr, "flags"))
-    if flags:
-        assert int(cp.count_nonzero(flags[-1])) == 0, "arrival counters not reset"
+        assert_matmul_close(_gemm(x, w, tw, splits, bias, wg), x, W64, kind, bias=bias,
+                            what=f"GEMM {path} {shape} splits={splits} {K}x{N} G={G} M={M} {kind}")
 
 
 @pytest.mark.parametrize("path", ["mma", "wgmma"])
