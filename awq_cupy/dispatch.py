@@ -1,8 +1,9 @@
 """Which kernel ``matmul`` runs for a given M, per GPU architecture: data, measured on the GPU named per row.
 
 ``gemv_max_m``: largest M for the swapped-operand tensor-core GEMV (kernels_cu/gemv_tc.cu; at most 16).
-``cublas_min_m``: smallest M at which dequantize + cuBLAS (fp16 only) beats the fused GEMM; it is never used
-while the current stream is capturing a CUDA graph (CuPy cannot capture cuBLAS), nor with ``batch_invariant``.
+``cublas_min_m``: smallest M at which dequantize + cuBLAS (fp16 only) beats the fused GEMM (with a cost model: the
+smallest M at which it may, the model deciding per layer shape); it is never used while the current stream is
+capturing a CUDA graph (CuPy cannot capture cuBLAS), nor with ``batch_invariant``.
 ``wgmma_min_m``: on GPUs that have the Hopper wgmma GEMM (kernels_cu/gemm_wg.cu, compute capability 9.0), the
 smallest M at which the fused GEMM is that kernel rather than the mma.sync one (kernels_cu/gemm_tc.cu); None:
 never. ``batch_invariant`` matmul runs one GEMM kernel for every M: the wgmma one unless this is None.
@@ -27,6 +28,12 @@ class Dispatch:
     gemv_max_m: int
     cublas_min_m: int
     wgmma_min_m: int | None = None
+    # Per layer shape from cublas_min_m on (None: dequantize + cuBLAS for every shape): the fused GEMM's modelled
+    # time (64-k units of its 256-token tile, fused_unit_us each with one CTA per SM, in waves over the SMs, split-K
+    # as planned) against dequantize (K x N x 2.5 bytes at dequant_tbps) + cuBLAS (2 M K N at cublas_tflops).
+    fused_unit_us: float | None = None
+    dequant_tbps: float | None = None
+    cublas_tflops: float | None = None
 
     def __post_init__(self):
         for name in ("gemv_max_m", "cublas_min_m"):
@@ -40,6 +47,19 @@ class Dispatch:
             raise ValueError(f"dispatch gemv_max_m={self.gemv_max_m} exceeds the GEMV's limit of {GEMV_LIMIT}")
         if self.cublas_min_m <= self.gemv_max_m:
             raise ValueError(f"dispatch cublas_min_m={self.cublas_min_m} must exceed gemv_max_m={self.gemv_max_m}")
+        model = (self.fused_unit_us, self.dequant_tbps, self.cublas_tflops)
+        if any(v is not None for v in model):
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in model):
+                raise ValueError(f"dispatch cost model fused_unit_us={self.fused_unit_us}, dequant_tbps="
+                                 f"{self.dequant_tbps}, cublas_tflops={self.cublas_tflops}: all three positive "
+                                 "numbers, or none")
+            if self.cublas_min_m < 256 or self.wgmma_min_m is None:
+                raise ValueError(f"dispatch cost model needs the wgmma GEMM and cublas_min_m >= 256 (its 256-token "
+                                 f"tile), got cublas_min_m={self.cublas_min_m}, wgmma_min_m={self.wgmma_min_m}")
+
+    @property
+    def has_cost_model(self) -> bool:
+        return self.fused_unit_us is not None
 
 
 TABLE: dict[str, Dispatch] = {
@@ -62,9 +82,25 @@ TABLE: dict[str, Dispatch] = {
     # 17 (it measured 24 because the mma.sync GEMM is 0.5 us ahead at M = 16, now a GEMV size; at M = 20 wgmma
     # leads 86.3 vs 105.0), dequantize + cuBLAS from 768 (628.3 vs 678.5 us; it measured 1536 because M = 1024 is
     # a tie, 761.0 vs 759.1).
-    "90": Dispatch(gemv_max_m=16, cublas_min_m=768, wgmma_min_m=17),
+    # v18 (NOTES): from M = 512 the choice is per layer shape, by a cost model fitted to the v16 tune
+    # (bench/results/h200_tune_v16.txt: the fused GEMM's 256-token unit 0.86-0.92 us, dequantize ~3.1 TB/s,
+    # cuBLAS fp16 700-790 TFLOP/s at M >= 512): at M = 1024 it keeps qkv (192 tiles: 1.45 waves) on cuBLAS and
+    # runs o, gate_up and down fused (one wave of 128 tiles, 6.8 waves, one wave).
+    "90": Dispatch(gemv_max_m=16, cublas_min_m=512, wgmma_min_m=17, fused_unit_us=0.88, dequant_tbps=3.1,
+                   cublas_tflops=730.0),
     "default": Dispatch(gemv_max_m=12, cublas_min_m=256),
 }
+
+
+MODEL_FIELDS = ("fused_unit_us", "dequant_tbps", "cublas_tflops")
+
+
+def builtin_model(arch_key: str, cublas_min_m, wgmma_min_m) -> dict:
+    """The built-in row's cost model fields for a row with these values (empty when they rule it out)."""
+    builtin = TABLE.get(arch_key, TABLE["default"])
+    if not builtin.has_cost_model or wgmma_min_m is None or not isinstance(cublas_min_m, int) or cublas_min_m < 256:
+        return {}
+    return {name: getattr(builtin, name) for name in MODEL_FIELDS}
 
 
 def table_path() -> Path | None:
@@ -84,14 +120,19 @@ _loaded: dict = {}     # AWQ_CUPY_DISPATCH value -> the tuned rows in force (rea
 
 def load_table(path: Path) -> dict[str, Dispatch]:
     """Rows of a table written by ``python -m awq_cupy tune``; ValueError naming the file when malformed. A row
-    without ``wgmma_min_m`` (written before it existed) takes the built-in row's."""
+    without ``wgmma_min_m`` (written before it existed) takes the built-in row's; one without the cost model's
+    fields takes the built-in row's model where that is consistent with the row (cublas_min_m >= 256 and a
+    wgmma GEMM), else none."""
     try:
         data = json.loads(Path(path).read_text())
         rows = data["table"]
         out = {}
         for k, v in rows.items():
             v = dict(v)
-            v.setdefault("wgmma_min_m", TABLE.get(str(k), TABLE["default"]).wgmma_min_m)
+            builtin = TABLE.get(str(k), TABLE["default"])
+            v.setdefault("wgmma_min_m", builtin.wgmma_min_m)
+            if not any(name in v for name in MODEL_FIELDS):
+                v.update(builtin_model(str(k), v["cublas_min_m"], v["wgmma_min_m"]))
             out[str(k)] = Dispatch(**v)
         return out
     except (OSError, ValueError, KeyError, TypeError) as e:

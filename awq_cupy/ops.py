@@ -168,6 +168,14 @@ def plan_splits(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: i
     holds ``resident`` CTAs at once, ``per_sm`` on each SM: the split count with the least modelled time (stages
     per CTA x stage time x the busiest SM's load, plus the partial sums' traffic and the reduce kernel when
     split); at least ``min_per`` stages per split."""
+    return split_cost(K_stages, n_ctas, m_tiles, resident=resident, M=M, Np=Np, stage_us=stage_us, min_per=min_per,
+                      per_sm=per_sm)[1:]
+
+
+def split_cost(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: int = 1, Np: int = 64,
+               stage_us: float = _STAGE_US, min_per: int = _MIN_STAGES_PER_SPLIT,
+               per_sm: int = 1) -> tuple[float, int, int]:
+    """(modelled us, splits, stages per split) of ``plan_splits``' choice."""
     base = n_ctas * m_tiles
     per_sm = max(1, per_sm)
     sms = max(1, resident // per_sm)
@@ -185,7 +193,7 @@ def plan_splits(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: i
             t += real * M * Np * 8 / (_PARTIAL_TBPS * 1e6) + _REDUCE_US
         if best is None or t < best[0] - 1e-9:
             best = (t, real, per)
-    return best[1], best[2]
+    return best
 
 
 _workspaces: dict = {}
@@ -287,7 +295,7 @@ def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
     with cupy.cuda.Device(dev):
         if M <= plan.gemv_max_m and not batch_invariant:
             _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count)
-        elif (M >= plan.cublas_min_m and kind == "float16" and not batch_invariant
+        elif (kind == "float16" and not batch_invariant and cublas_beats_fused(M, K, N, arch, sm_count)
               and not _is_capturing()):
             # Dense fp16 W then cuBLAS: W is x's dtype rounded once, like the fused GEMM's operand; a bias is
             # added after cuBLAS has rounded x @ W (a second rounding).
@@ -309,9 +317,39 @@ def rounds_weights(M: int, batch_invariant: bool = False, arch_key: str = "90") 
     return batch_invariant or M > dispatch.for_arch(arch_key).gemv_max_m
 
 
-def uses_cublas(M: int, dtype: str, arch_key: str = "90", batch_invariant: bool = False) -> bool:
-    """Whether matmul at this M (outside graph capture) takes the dequantize + cuBLAS path."""
-    return not batch_invariant and dtype == "float16" and M >= dispatch.for_arch(arch_key).cublas_min_m
+def uses_cublas(M: int, dtype: str, arch_key: str = "90", batch_invariant: bool = False, *, K: int | None = None,
+                N: int | None = None, sm_count: int = 132) -> bool:
+    """Whether matmul at this M (outside graph capture) takes the dequantize + cuBLAS path: for a K x N weight
+    when both are given, else whether it may for some shape (M at least the table's ``cublas_min_m``)."""
+    from .jit import ARCHS
+
+    if batch_invariant or dtype != "float16":
+        return False
+    if K is None or N is None:
+        return M >= dispatch.for_arch(arch_key).cublas_min_m
+    return cublas_beats_fused(M, K, N, ARCHS[arch_key], sm_count)
+
+
+def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> bool:
+    """Dequantize + cuBLAS rather than the fused GEMM for M rows of a K x N weight on ``arch``: from the dispatch
+    row's ``cublas_min_m`` on, for every shape, or, where the row has a cost model (and the fused GEMM is the
+    wgmma one), where the model says so. The fused GEMM's modelled time is ``split_cost`` of its 256-token tile
+    with the row's unit time and one CTA per SM (the shape M >= 256 runs); dequantize + cuBLAS costs K x N x 2.5
+    bytes (int4 in, fp16 out) at ``dequant_tbps`` plus 2 M K N flops at ``cublas_tflops``."""
+    from .kernels import GEMM_WARPS
+    from .layout import padded_sizes
+
+    row = dispatch.for_arch(arch.key)
+    if M < row.cublas_min_m:
+        return False
+    if not row.has_cost_model or not uses_wgmma(arch, M):
+        return True
+    nb, tw, _ = gemm_shape_for(M, wgmma=True)
+    Kp, Np = padded_sizes(K, N)
+    fused = split_cost(Kp // 64, -(-(Np // 16) // (GEMM_WARPS * tw)), -(-M // (8 * nb)), resident=sm_count, M=M,
+                       Np=Np, stage_us=row.fused_unit_us * (8 * nb) / 256, min_per=2, per_sm=1)[0]
+    dense = K * N * 2.5 / (row.dequant_tbps * 1e6) + 2.0 * M * K * N / (row.cublas_tflops * 1e6)
+    return dense < fused
 
 
 def gemv_tiles_for(M: int, NT16: int, grid: int) -> int:

@@ -7,7 +7,9 @@ which the wgmma GEMM beats the mma.sync one at every larger measured M (None whe
 no wgmma kernel), the GEMM's time at each M being that of the kernel this picks; ``gemv_max_m`` = the largest
 measured M up to which the GEMV beats the GEMM at every measured M; ``cublas_min_m`` = the smallest measured M
 from which dequantize + cuBLAS beats the GEMM at every larger measured M (one past the largest M when it never
-does). The row goes to ``awq_cupy.dispatch.table_path()`` (or ``--out``) under this GPU's arch key and is used
+does); where the built-in row has a cost model that picks the path per layer shape (sm_90), the smallest M from
+256 on at which dequantize + cuBLAS wins on some measured layer, the model keeping its built-in constants. The
+row goes to ``awq_cupy.dispatch.table_path()`` (or ``--out``) under this GPU's arch key and is used
 by ``matmul`` from then on.
 """
 from __future__ import annotations
@@ -18,9 +20,12 @@ import sys
 DEFAULT_M = [1, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 768, 1024, 1536, 2048]
 
 
-def choose(sums: dict[int, dict[str, float]]) -> tuple[int, int, int | None]:
+def choose(sums: dict[int, dict[str, float]], per_layer: dict | None = None) -> tuple[int, int, int | None]:
     """(gemv_max_m, cublas_min_m, wgmma_min_m) from {M: {path: summed us}}, paths 'gemv', 'dequant_cublas' and
-    either 'gemm' or the two GEMM kernels 'gemm_sw' and 'gemm_wg'."""
+    either 'gemm' or the two GEMM kernels 'gemm_sw' and 'gemm_wg'. With ``per_layer`` ({(layer, M): {path: us}},
+    for a row whose cost model decides per layer from cublas_min_m on), cublas_min_m is instead the smallest M of
+    at least 256 at which dequantize + cuBLAS beats the wgmma GEMM on some layer (one past the largest M when it
+    never does)."""
     from .dispatch import GEMV_LIMIT
 
     ms = sorted(sums)
@@ -40,6 +45,10 @@ def choose(sums: dict[int, dict[str, float]]) -> tuple[int, int, int | None]:
             break
         gemv_max = M
     cublas_min = max(ms) + 1
+    if per_layer is not None:
+        wins = [M for (_, M), d in per_layer.items() if M >= 256 and M > gemv_max and "dequant_cublas" in d
+                and d["dequant_cublas"] < d.get("gemm_wg", d.get("gemm", float("inf")))]
+        return gemv_max, max(min(wins, default=cublas_min), gemv_max + 1), wgmma_min
     for M in reversed(ms):
         d = sums[M]
         if M <= gemv_max or "dequant_cublas" not in d or d["dequant_cublas"] >= d["gemm"]:
@@ -70,11 +79,16 @@ def main(args) -> int:
     rows = run(models, ms, dtype=args.dtype, group_size=args.group_size, trials=args.trials,
                rotate_mb=args.rotate_mb, contenders=tuple(paths))
     sums: dict[int, dict[str, float]] = {}
+    per_layer: dict = {}
     for r in rows:
         sums.setdefault(r.M, {}).setdefault(r.contender, 0.0)
         sums[r.M][r.contender] += r.us
-    gemv_max, cublas_min, wgmma_min = choose(sums)
-    row = dispatch.Dispatch(gemv_max_m=gemv_max, cublas_min_m=cublas_min, wgmma_min_m=wgmma_min)
+        per_layer.setdefault((f"{r.model}/{r.layer}", r.M), {})[r.contender] = r.us
+    modelled = dispatch.TABLE.get(arch.key, dispatch.TABLE["default"]).has_cost_model and has_wgmma(arch)
+    gemv_max, cublas_min, wgmma_min = choose(sums, per_layer if modelled else None)
+    # the built-in cost model (per layer shape from cublas_min_m on) stays with the tuned thresholds
+    row = dispatch.Dispatch(gemv_max_m=gemv_max, cublas_min_m=cublas_min, wgmma_min_m=wgmma_min,
+                            **dispatch.builtin_model(arch.key, cublas_min, wgmma_min))
     env = environment()
     path = args.out or dispatch.table_path()
     if path is None:

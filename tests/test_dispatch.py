@@ -143,6 +143,19 @@ def test_tune_choice_between_the_two_gemm_kernels():
     assert choose({16: dict(gemv=100, gemm_sw=88, gemm_wg=80), 64: dict(gemm_sw=3, gemm_wg=2)}) == (0, 65, 16)
 
 
+def test_tune_with_a_cost_model_starts_cublas_where_some_layer_wins():
+    from awq_cupy.tune import choose
+
+    sums = {8: dict(gemv=10, gemm_sw=20, gemm_wg=20), 512: dict(gemm_sw=90, gemm_wg=50, dequant_cublas=60),
+            1024: dict(gemm_sw=180, gemm_wg=100, dequant_cublas=99), 2048: dict(gemm_sw=400, gemm_wg=200,
+                                                                                 dequant_cublas=150)}
+    layers = {("a", 512): dict(gemm_wg=20, dequant_cublas=19), ("b", 512): dict(gemm_wg=30, dequant_cublas=41),
+              ("a", 1024): dict(gemm_wg=40, dequant_cublas=39), ("b", 128): dict(gemm_wg=1, dequant_cublas=0.5)}
+    assert choose(sums)[1] == 1024                      # the sums: from 1024 on
+    assert choose(sums, layers)[1] == 512               # layer a already at 512 (M < 256 never counts)
+    assert choose(sums, {("a", 512): dict(gemm_wg=1, dequant_cublas=2)})[1] == 2049
+
+
 def test_tuned_table_round_trip_and_precedence(tmp_path, monkeypatch):
     path = tmp_path / "dispatch.json"
     monkeypatch.setenv("AWQ_CUPY_DISPATCH", str(path))
@@ -295,8 +308,58 @@ def test_wgmma_smem_fits_the_h200_and_sm90_dispatch_uses_the_fused_gemm_up_to_51
     for nb, _, _ in kernels.GEMM_WG_SHAPES:   # slots + alignment + the mbarriers, within 227 KB per block
         assert kernels.gemm_wg_smem_bytes(nb) + 8 * kernels.GEMM_WG_SLOTS <= ARCHS["90a"].smem_optin
     row = dispatch.TABLE["90"]
-    # the v14 tune: wgmma GEMM from the 32-token tile, dequantize + cuBLAS from 768 (bench/results/dispatch_h200.json)
-    assert row.gemv_max_m < row.wgmma_min_m <= 32 and 512 < row.cublas_min_m <= 1024
+    # the v14 tune: wgmma GEMM from the 32-token tile; dequantize + cuBLAS considered from 512 (v18 cost model)
+    assert row.gemv_max_m < row.wgmma_min_m <= 32 and 256 <= row.cublas_min_m <= 1024
+
+
+# (layer, M) -> the faster path in the v16 tune (bench/results/h200_tune_v16.txt, us: fused wgmma GEMM vs
+# dequantize + cuBLAS), where the two differ by more than 3%
+_H200_TUNE_V16 = {("qkv", 768): "cublas", ("qkv", 1024): "cublas", ("qkv", 1536): "cublas", ("qkv", 2048): "cublas",
+                  ("o", 768): "cublas", ("o", 1024): "fused", ("o", 1536): "cublas", ("o", 2048): "cublas",
+                  ("gate_up", 512): "fused", ("gate_up", 1024): "fused", ("gate_up", 1536): "cublas",
+                  ("gate_up", 2048): "cublas", ("down", 512): "fused", ("down", 768): "cublas",
+                  ("down", 1536): "cublas", ("down", 2048): "cublas"}
+
+
+def test_h200_cost_model_picks_the_measured_winner_per_layer():
+    from awq_cupy.jit import ARCHS
+    from awq_cupy.ops import cublas_beats_fused
+
+    shapes = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
+    for (layer, M), best in _H200_TUNE_V16.items():
+        K, N = shapes[layer]
+        assert cublas_beats_fused(M, K, N, ARCHS["90"]) == (best == "cublas"), (layer, M)
+        assert uses_cublas(M, "float16", K=K, N=N) == (best == "cublas"), (layer, M)
+    # below cublas_min_m, without wgmma (no model for the mma.sync GEMM) and for bf16: the table's threshold
+    row = dispatch.TABLE["90"]
+    assert not cublas_beats_fused(row.cublas_min_m - 1, 4096, 6144, ARCHS["90"])
+    assert cublas_beats_fused(row.cublas_min_m, 4096, 28672, ARCHS["89"]) == (
+        row.cublas_min_m >= dispatch.TABLE["default"].cublas_min_m)
+    assert not uses_cublas(4096, "bfloat16", K=4096, N=6144)
+
+
+def test_cost_model_fields_are_validated():
+    good = dict(gemv_max_m=16, cublas_min_m=512, wgmma_min_m=17)
+    for bad in (dict(fused_unit_us=0.9), dict(fused_unit_us=0.9, dequant_tbps=3.0, cublas_tflops=-1.0),
+                dict(fused_unit_us=True, dequant_tbps=3.0, cublas_tflops=700.0)):
+        with pytest.raises(ValueError, match="all three positive numbers, or none"):
+            dispatch.Dispatch(**good, **bad)
+    model = dict(fused_unit_us=0.9, dequant_tbps=3.0, cublas_tflops=700.0)
+    with pytest.raises(ValueError, match="cublas_min_m >= 256"):
+        dispatch.Dispatch(gemv_max_m=16, cublas_min_m=128, wgmma_min_m=17, **model)
+    with pytest.raises(ValueError, match="needs the wgmma GEMM"):
+        dispatch.Dispatch(gemv_max_m=16, cublas_min_m=512, wgmma_min_m=None, **model)
+    assert dispatch.Dispatch(**good, **model).has_cost_model and not dispatch.Dispatch(**good).has_cost_model
+
+
+def test_tuned_row_without_cost_model_fields_takes_the_builtin_ones(tmp_path, monkeypatch):
+    path = tmp_path / "t.json"
+    path.write_text('{"table": {"90": {"gemv_max_m": 8, "cublas_min_m": 1024, "wgmma_min_m": 17}}}')
+    monkeypatch.setenv("AWQ_CUPY_DISPATCH", str(path))
+    dispatch.reload()
+    row = dispatch.for_arch("90")
+    assert row.cublas_min_m == 1024 and row.fused_unit_us == dispatch.TABLE["90"].fused_unit_us
+    dispatch.reload()
 
 
 def test_wgmma_only_on_compute_capability_9_and_from_the_tables_m(monkeypatch):

@@ -191,7 +191,7 @@ def test_cublas_path_and_fused_gemm_agree_with_reference(rng, M):
     w = _weight(Q, Z, S, G, "float16")
     x = random_x(rng, M, K, "float16")
     W64 = matmul_weight(Q, Z, S, G, "float16", M)
-    assert uses_cublas(M, "float16"), "the dispatch table changed: pick M values on the cuBLAS path"
+    assert uses_cublas(M, "float16", K=K, N=N), "the dispatch table changed: pick M values on the cuBLAS path"
     assert_matmul_close(_run(x, w), x, W64, "float16", what=f"cuBLAS path M={M}")
     assert_matmul_close(_run(x, w, batch_invariant=True), x, W64, "float16", what=f"fused GEMM M={M}")
 
