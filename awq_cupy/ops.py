@@ -325,7 +325,7 @@ def uses_cublas(M: int, dtype: str, arch_key: str = "90", batch_invariant: bool 
 
     if batch_invariant or dtype != "float16":
         return False
-    if K is None or N is None:
+    if K is None or N is None or arch_key not in ARCHS:
         return M >= dispatch.for_arch(arch_key).cublas_min_m
     return cublas_beats_fused(M, K, N, ARCHS[arch_key], sm_count)
 

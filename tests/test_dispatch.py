@@ -336,6 +336,9 @@ def test_h200_cost_model_picks_the_measured_winner_per_layer():
     assert cublas_beats_fused(row.cublas_min_m, 4096, 28672, ARCHS["89"]) == (
         row.cublas_min_m >= dispatch.TABLE["default"].cublas_min_m)
     assert not uses_cublas(4096, "bfloat16", K=4096, N=6144)
+    d = dispatch.TABLE["default"]   # a key without an Arch: the threshold
+    assert uses_cublas(d.cublas_min_m, "float16", "default", K=4096, N=6144)
+    assert not uses_cublas(d.cublas_min_m - 1, "float16", "default", K=4096, N=6144)
 
 
 def test_cost_model_fields_are_validated():
