@@ -4,7 +4,11 @@
         --section SpeedOfLight --section WarpStateStats python3 bench/profile_case.py 4096 28672 1 [calls] [tiles]
 
 With ``tiles`` (1, 2 or 4) the GEMV variant with that many 16-column blocks per warp unit runs directly; with
-``g1``/``g2``/``g4`` the wgmma GEMM with that many blocks per warp, with ``s2`` the mma.sync GEMM.
+``g1``/``g2``/``g4`` the wgmma GEMM with that many blocks per warp, with ``s2`` the mma.sync GEMM. Stall reasons of
+the wgmma GEMM per source line (the next step of bench/NOTES.md):
+
+    ncu --clock-control none --kernel-name regex:awq_gemm_wg --launch-skip 1 --launch-count 1 --section \
+        WarpStateStats --section SourceCounters --import-source yes python3 bench/profile_case.py 4096 28672 256 3 g1
 """
 import sys
 
