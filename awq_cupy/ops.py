@@ -6,6 +6,8 @@ synchronises.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ._array import bfloat16_dtype, is_cupy
@@ -172,10 +174,12 @@ def plan_splits(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: i
                       per_sm=per_sm)[1:]
 
 
+@functools.lru_cache(maxsize=4096)
 def split_cost(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: int = 1, Np: int = 64,
                stage_us: float = _STAGE_US, min_per: int = _MIN_STAGES_PER_SPLIT,
                per_sm: int = 1) -> tuple[float, int, int]:
-    """(modelled us, splits, stages per split) of ``plan_splits``' choice."""
+    """(modelled us, splits, stages per split) of ``plan_splits``' choice. Memoised: the search over split counts
+    costs ~50 us of host time, and ``matmul`` asks for the same shapes call after call."""
     base = n_ctas * m_tiles
     per_sm = max(1, per_sm)
     sms = max(1, resident // per_sm)
@@ -347,7 +351,7 @@ def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> boo
     nb, tw, _ = gemm_shape_for(M, wgmma=True)
     Kp, Np = padded_sizes(K, N)
     fused = split_cost(Kp // 64, -(-(Np // 16) // (GEMM_WARPS * tw)), -(-M // (8 * nb)), resident=sm_count, M=M,
-                       Np=Np, stage_us=row.fused_unit_us * (8 * nb) / 256, min_per=2, per_sm=1)[0]
+                       Np=Np, stage_us=row.fused_unit_us, min_per=2, per_sm=1)[0]
     dense = K * N * 2.5 / (row.dequant_tbps * 1e6) + 2.0 * M * K * N / (row.cublas_tflops * 1e6)
     return dense < fused
 
