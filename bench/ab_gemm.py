@@ -1,8 +1,12 @@
 """A/B timing of the GEMM on a few Mistral-7B cases, timed like `python -m awq_cupy bench`. Usage:
-    python3 bench/ab_gemm.py LABEL [PKG_DIR] RUN...
-RUN is "name" or "name:key=value,..." with keyword arguments for ops._launch_gemm (splits, ctas, tiles, depth).
+    [AB_CASES=o:64,gate_up:64:256] python3 bench/ab_gemm.py LABEL [PKG_DIR] RUN...
+RUN is "name" or "name:key=value,...": splits, tiles, depth are ops._launch_gemm arguments (a depth outside the
+shape table is added to it); pend, upb, slots, bat pick the wgmma kernel's PEND / UPB / SL / BAT template arguments
+(kernels_cu/gemm_wg.cu). The gemm_wg family is narrowed to the variants the runs need, so it compiles in seconds.
 PKG_DIR (a directory holding another awq_cupy/ and kernels_cu/) is put first on sys.path when given.
 """
+import dataclasses
+import os
 import sys
 
 args = sys.argv[1:]
@@ -14,31 +18,77 @@ import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import awq_cupy  # noqa: E402
-from awq_cupy import ops  # noqa: E402
+from awq_cupy import kernels, ops  # noqa: E402
 from awq_cupy.bench import MODELS, Timer, rotated_weights  # noqa: E402
 from awq_cupy.jit import arch_of_device  # noqa: E402
 
 print(f"# {label}: {awq_cupy.__file__}", flush=True)
+TEMPLATE_KEYS = ("pend", "upb", "slots", "bat")
 runs = []
 for a in args:
     name, _, kv = a.partition(":")
-    runs.append((name, {k: int(v) for k, v in (p.split("=") for p in kv.split(",") if p)}))
+    kw = {k: int(v) for k, v in (p.split("=") for p in kv.split(",") if p)}
+    runs.append((name, {k: kw.pop(k) for k in TEMPLATE_KEYS if k in kw}, kw))
 CASES = {"qkv": (256,), "o": (128,), "gate_up": (64, 256), "down": (128,)}
+if os.environ.get("AB_CASES"):
+    CASES = {}
+    for c in os.environ["AB_CASES"].split(","):
+        name, *ms = c.split(":")
+        CASES[name] = tuple(int(m) for m in ms)
+
+base_variant, base_smem = kernels.gemm_wg_variant, kernels.gemm_wg_smem_bytes
+
+
+def patched(tpl):
+    """gemm_wg_variant / gemm_wg_smem_bytes for the template arguments tpl (empty: the defaults)."""
+    if not tpl:
+        return base_variant, base_smem
+    pend, upb, slots = tpl.get("pend", 1), tpl.get("upb", 1), tpl.get("slots", kernels.GEMM_WG_SLOTS)
+    bat = "true" if tpl.get("bat", 0) else "false"
+    return ((lambda *a: base_variant(*a)[:-1] + f", {pend}, {upb}, {slots}, {bat}>"),
+            (lambda nb: slots * 8 * nb * 128 + 1024))
+
+
+# narrow the gemm_wg family to the variants these runs need (a whole-family compile takes ~35 s on the H200 host)
+needed = {kernels.tile_x_variant("float16")}
+for _, tpl, kw in runs:
+    if "depth" in kw:
+        for M in sorted({m for ms in CASES.values() for m in ms}):
+            nb, tw, _ = ops.gemm_shape_for(M, kw.get("tiles"), wgmma=True)
+            if (nb, tw, kw["depth"]) not in kernels.GEMM_WG_SHAPES:
+                kernels.GEMM_WG_SHAPES += ((nb, tw, kw["depth"]),)
+for _, tpl, kw in runs:
+    for M in sorted({m for ms in CASES.values() for m in ms}):
+        nb, tw, depth = ops.gemm_shape_for(M, kw.get("tiles"), wgmma=True, depth=kw.get("depth"))
+        needed.add(patched(tpl)[0]("float16", nb, tw, depth, True))
+fam = dataclasses.replace(kernels.GEMM_WG, variants=lambda arch: tuple(sorted(needed)))
+kernels.FAMILIES["gemm_wg"] = fam
+
 arch = arch_of_device(0)
 sms = ops._sm_count(0)
 timer = Timer()
 rng = np.random.default_rng(0)
 for name, K, N in MODELS["mistral-7b"]:
+    if name not in CASES:
+        continue
     wq = rotated_weights(rng, K, N, 128)
     nq = len(wq)
     for M in CASES[name]:
         x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
-        y = cp.empty((M, N), cp.float16)
+        ref = None
         line = []
-        for run, kw in runs:
+        for run, tpl, kw in runs:
+            kernels.gemm_wg_variant, kernels.gemm_wg_smem_bytes = patched(tpl)
+            y = cp.empty((M, N), cp.float16)
+            ops._launch_gemm(x, wq[0], ops._NULL, y, M, "float16", arch, sms, False, wgmma=True, **kw)
+            if ref is None:
+                ref = y.astype(cp.float32)
+            elif not bool(cp.allclose(y.astype(cp.float32), ref, rtol=2e-2, atol=2e-2)):
+                raise SystemExit(f"{run}: output differs from {runs[0][0]} on {name} M={M}")
             us = timer(lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, "float16", arch, sms, False,
                                                   wgmma=True, **kw), max(20, nq), 3)
             line.append(f"{run} {us:7.1f}")
+        kernels.gemm_wg_variant, kernels.gemm_wg_smem_bytes = base_variant, base_smem
         print(f"{label:8s} {name:8s} M={M:5d}  " + "  ".join(line), flush=True)
     del wq
     cp.get_default_memory_pool().free_all_blocks()

@@ -79,7 +79,14 @@ __global__ void __launch_bounds__(256) awq_tile_x_kernel(const T* __restrict__ x
   }
 }
 
-template <typename T, int NB, int TW, int P, bool GA>
+// PEND: wgmma groups a warpgroup leaves pending when it decodes the next k16 step (1..3; four fragment buffers);
+// UPB: 64-k units between CTA barriers (1 or 2); SL: x slots (unit u requests unit u + SL - UPB - 1, into the slot
+// of unit u - UPB - 1, whose wgmmas every warpgroup saw finish before the latest barrier).
+// BAT: weights loaded in batches of P / 2 units, a batch issued after the first wgmma of the previous batch's
+// first unit (ptxas counts every weight load on one scoreboard, so the first use of a unit waits for all loads in
+// flight: with one unit issued per unit, that includes the unit issued just before).
+template <typename T, int NB, int TW, int P, bool GA, int PEND = 1, int UPB = 1, int SL = awq_wg::SLOTS,
+          bool BAT = false>
 __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
     const T* __restrict__ xt,         // [M tiles][KS][BM][64] x tiles (awq_tile_x_kernel)
     const uint4* __restrict__ qtiles, // [NT16][KS][32] weight blocks
@@ -94,11 +101,14 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
     int units_per_split) {
   using namespace awq_wg;
   static_assert(P >= 2, "at least one unit loaded ahead");
+  static_assert(PEND >= 1 && PEND <= 3 && (UPB == 1 || UPB == 2), "pending groups 1..3, 1 or 2 units per barrier");
+  constexpr int D = UPB + 1;   // a unit refills the slot of the unit D back
+  static_assert(SL > D, "at least one unit of x requested ahead");
   constexpr int BM = 8 * NB, SZ = GA ? 1 : 2, R = BM / 2;
   constexpr int SLOT_BYTES = BM * 128;
   using Stream = UnitStream<T, TW, SZ, BM, THREADS, false>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __shared__ __align__(8) unsigned long long bars[SLOTS];
+  __shared__ __align__(8) unsigned long long bars[SL];
   // slots 1024-byte aligned (the swizzle pattern repeats every 8 rows of 128 B); the launch adds 1 KB
   const u32 raw0 = smem_addr(smem_raw);
   const u32 smem0 = (raw0 + 1023u) & ~1023u;
@@ -113,8 +123,8 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
   // every warp of a warpgroup issues its wgmmas; blocks past NT16 load zeros and are not stored
   Stream units(nullptr, qtiles, scales, zeros, M, K, NT16, KS, G, NG, Np, m0, ub, blk0, tid, lane);
   const T* xsrc = xt + ((long long)blockIdx.z * KS + ub) * (BM * 64);   // this split's first x tile
-  auto request = [&](int v) {   // thread 0: unit v's x tile into slot v % SLOTS
-    const int s = v % SLOTS;
+  auto request = [&](int v) {   // thread 0: unit v's x tile into slot v % SL
+    const int s = v % SL;
     bulk_load(smem0 + s * SLOT_BYTES, xsrc + (long long)v * (BM * 64), SLOT_BYTES, bar0 + 8 * s);
   };
 
@@ -123,9 +133,9 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
   for (int i = 0; i < TW; ++i)
 #pragma unroll
     for (int e = 0; e < R; ++e) acc[i][e] = 0.f;
-  u32 afr[2][TW][4];   // fragment buffers of even / odd k16 steps
+  u32 afr[4][TW][4];   // fragment buffers of k16 steps t % 4
 
-  auto compute = [&](const typename Stream::Stage& st, u32 slot_addr) {
+  auto compute = [&](const typename Stream::Stage& st, u32 slot_addr, auto&& after_first) {
 #pragma unroll
     for (int h = 0; h < SZ; ++h) {
       ScaledDecoder<T> dec[TW];
@@ -134,54 +144,85 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
 #pragma unroll
       for (int tt = 0; tt < 4 / SZ; ++tt) {
         const int t = h * (4 / SZ) + tt;
-        wait<1>();                                     // step t - 2 (buffer t & 1) has finished
+        wait<PEND>();                                  // step t - PEND - 1 (buffer t of the last unit) has finished
 #pragma unroll
-        for (int i = 0; i < TW; ++i) dec[i].fragment(awq_units::word(st.w[i], t), afr[t & 1][i]);
+        for (int i = 0; i < TW; ++i) dec[i].fragment(awq_units::word(st.w[i], t), afr[t][i]);
         fence();
         const u64 desc = desc_sw128(slot_addr + 32 * t);
 #pragma unroll
-        for (int i = 0; i < TW; ++i) Wgmma<T, BM>::run(acc[i], afr[t & 1][i], desc);
+        for (int i = 0; i < TW; ++i) Wgmma<T, BM>::run(acc[i], afr[t][i], desc);
         commit();
+        if (t == 0) after_first();
       }
     }
   };
 
-  // Prologue: P - 1 units of weights in registers, requested before awq_tile_x_kernel has finished (programmatic
-  // dependent launch, common.cuh); the x tiles and every write only after pdl_wait(). The barriers are
-  // initialised before anyone waits on them.
-  typename Stream::Stage st[P];
+  auto start = [&]() {   // after the prologue's weight loads
+    pdl_wait();
+    if (tid == 0) {
 #pragma unroll
-  for (int j = 0; j < P - 1; ++j)
-    if (j < n) units.load(st[j]);
-  pdl_wait();
-  if (tid == 0) {
+      for (int s = 0; s < SL; ++s) mbar_init(bar0 + 8 * s, 1);
+      mbar_init_fence();
+      for (int v = 0; v < min(n, SL - D); ++v) request(v);
+    }
+    __syncthreads();
 #pragma unroll
-    for (int s = 0; s < SLOTS; ++s) mbar_init(bar0 + 8 * s, 1);
-    mbar_init_fence();
-    for (int v = 0; v < min(n, SLOTS - 2); ++v) request(v);
-  }
-  __syncthreads();
-#pragma unroll
-  for (int i = 0; i < TW; ++i) pin(acc[i]);
-
+    for (int i = 0; i < TW; ++i) pin(acc[i]);
+  };
   int slot = 0;
   u32 phase = 0;
-  for (int it = 0; it < n; it += P) {
+  // unit u's x slot: request, wait, compute, advance, barrier
+  auto run_unit = [&](int u, const typename Stream::Stage& st, auto&& after_first) {
+    // slot of unit u + SL - D = that of unit u - D: the latest barrier came after unit u - D + 1 or later, and
+    // there every warpgroup had waited for all but its last PEND <= 3 groups (the last unit's four steps)
+    if (tid == 0 && u + SL - D < n) request(u + SL - D);
+    mbar_wait(bar0 + 8 * slot, phase);
+    compute(st, smem0 + slot * SLOT_BYTES, after_first);
+    if (++slot == SL) {
+      slot = 0;
+      phase ^= 1u;
+    }
+    if (UPB == 1 || u % UPB == UPB - 1) __syncthreads();
+  };
+  // Prologue: the first units of weights in registers, requested before awq_tile_x_kernel has finished
+  // (programmatic dependent launch, common.cuh); the x tiles and every write only after pdl_wait(). The barriers
+  // are initialised before anyone waits on them.
+  if constexpr (BAT) {
+    constexpr int B = P / 2;
+    typename Stream::Stage sb[2][B];
 #pragma unroll
-    for (int j = 0; j < P; ++j) {
-      const int u = it + j;
-      if (u >= n) break;
-      // slot of unit u + SLOTS - 2 = that of unit u - 2, whose wgmmas every warpgroup saw finish before the
-      // previous barrier (its waits at the steps of unit u - 1)
-      if (tid == 0 && u + SLOTS - 2 < n) request(u + SLOTS - 2);
-      if (u + P - 1 < n) units.load(st[(j + P - 1) % P]);
-      mbar_wait(bar0 + 8 * slot, phase);
-      compute(st[j], smem0 + slot * SLOT_BYTES);
-      if (++slot == SLOTS) {
-        slot = 0;
-        phase ^= 1u;
+    for (int j = 0; j < B; ++j)
+      if (j < n) units.load(sb[0][j]);
+    start();
+    for (int it = 0; it < n; it += 2 * B) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < B; ++j) {
+          const int u = it + h * B + j;
+          if (u >= n) break;
+          run_unit(u, sb[h][j], [&]() {
+            if (j == 0)   // the next batch, once this batch's loads have been waited for
+#pragma unroll
+              for (int jj = 0; jj < B; ++jj)
+                if (u + B + jj < n) units.load(sb[h ^ 1][jj]);
+          });
+        }
+    }
+  } else {
+    typename Stream::Stage st[P];
+#pragma unroll
+    for (int j = 0; j < P - 1; ++j)
+      if (j < n) units.load(st[j]);
+    start();
+    for (int it = 0; it < n; it += P) {
+#pragma unroll
+      for (int j = 0; j < P; ++j) {
+        const int u = it + j;
+        if (u >= n) break;
+        if (u + P - 1 < n) units.load(st[(j + P - 1) % P]);
+        run_unit(u, st[j], []() {});
       }
-      __syncthreads();
     }
   }
   wait<0>();
