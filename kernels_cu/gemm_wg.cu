@@ -16,13 +16,17 @@
 // unit): BM rows of 128 B, swizzled, zero past M and K. One thread requests unit u + SLOTS - 2 with a single bulk
 // copy (cp.async.bulk, completion counted in bytes on the slot's mbarrier) at the start of unit u, so up to
 // SLOTS - 2 units of x are in flight without registers (v13: with x staged through registers, loads issued one
-// unit ahead left the tensor pipe 64% idle on long-scoreboard stalls at M = 1024). Weights, scales and zeros of
-// unit u + P - 1 are loaded into registers while unit u runs (plain loads; a cp.async ring does not overlap on the
-// H200, v10). Per unit every thread waits for its slot's mbarrier phase, and the CTA meets at one barrier after
-// the unit, so that the slot refilled next (that of unit u - 1) is no longer read. Per k16 step a warp waits until
-// at most one wgmma group is pending (so the fragment buffer it is about to overwrite, used two steps ago, is
-// free, and at the barrier after unit u every wgmma of unit u - 1 has finished), decodes, fences and issues TW
-// wgmma.
+// unit ahead left the tensor pipe 64% idle on long-scoreboard stalls at M = 1024). Weights, scales and zeros come
+// into registers (plain loads; a cp.async ring does not overlap on the H200, v10) in batches of B = P / 2 units,
+// two batches of registers: the next batch is requested right after the first wgmma of the current batch, so the
+// first use of a batch waits only for loads issued B units earlier. (ptxas counts all these loads on one
+// scoreboard and waits for all of them at a first use: loading one unit ahead per unit, as before v20, made the
+// first unit of each unrolled round wait for the loads just issued, a full memory latency every P units.)
+// Per unit every thread waits for its slot's mbarrier phase, and the CTA meets at one barrier after the unit, so
+// that the slot refilled next (that of unit u - 1) is no longer read. Per k16 step a warp waits until at most
+// PEND wgmma groups are pending (1 below 128 tokens, 3 from there; four fragment buffers, so the one it is about
+// to overwrite is free, and at the barrier after unit u every wgmma of unit u - 1 has finished), decodes, fences
+// and issues TW wgmma.
 // Work split: CTA = 8 warps (2 warpgroups) x TW 16-column blocks per warp x BM tokens; grid (column tiles, splits,
 // token tiles); split-K partials summed by awq_splitk_reduce_kernel (gemm_tc.cu) in split order.
 // Variants: T x (NB, TW, P) x GA (table: awq_cupy/kernels.py GEMM_WG_SHAPES); awq_tile_x_kernel per T.
@@ -79,14 +83,7 @@ __global__ void __launch_bounds__(256) awq_tile_x_kernel(const T* __restrict__ x
   }
 }
 
-// PEND: wgmma groups a warpgroup leaves pending when it decodes the next k16 step (1..3; four fragment buffers);
-// UPB: 64-k units between CTA barriers (1 or 2); SL: x slots (unit u requests unit u + SL - UPB - 1, into the slot
-// of unit u - UPB - 1, whose wgmmas every warpgroup saw finish before the latest barrier).
-// BAT: weights loaded in batches of P / 2 units, a batch issued after the first wgmma of the previous batch's
-// first unit (ptxas counts every weight load on one scoreboard, so the first use of a unit waits for all loads in
-// flight: with one unit issued per unit, that includes the unit issued just before).
-template <typename T, int NB, int TW, int P, bool GA, int PEND = 1, int UPB = 1, int SL = awq_wg::SLOTS,
-          bool BAT = false>
+template <typename T, int NB, int TW, int P, bool GA>
 __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
     const T* __restrict__ xt,         // [M tiles][KS][BM][64] x tiles (awq_tile_x_kernel)
     const uint4* __restrict__ qtiles, // [NT16][KS][32] weight blocks
@@ -100,15 +97,14 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
     int G, int NG, int Np,            // group size, number of groups, padded N
     int units_per_split) {
   using namespace awq_wg;
-  static_assert(P >= 2, "at least one unit loaded ahead");
-  static_assert(PEND >= 1 && PEND <= 3 && (UPB == 1 || UPB == 2), "pending groups 1..3, 1 or 2 units per barrier");
-  constexpr int D = UPB + 1;   // a unit refills the slot of the unit D back
-  static_assert(SL > D, "at least one unit of x requested ahead");
+  static_assert(P >= 2, "two batches of at least one unit");
   constexpr int BM = 8 * NB, SZ = GA ? 1 : 2, R = BM / 2;
+  constexpr int B = P / 2;                  // units per weight batch
+  constexpr int PEND = NB >= 16 ? 3 : 1;    // wgmma groups left pending at each step (v20: 3 pays from 128 tokens)
   constexpr int SLOT_BYTES = BM * 128;
   using Stream = UnitStream<T, TW, SZ, BM, THREADS, false>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __shared__ __align__(8) unsigned long long bars[SL];
+  __shared__ __align__(8) unsigned long long bars[SLOTS];
   // slots 1024-byte aligned (the swizzle pattern repeats every 8 rows of 128 B); the launch adds 1 KB
   const u32 raw0 = smem_addr(smem_raw);
   const u32 smem0 = (raw0 + 1023u) & ~1023u;
@@ -123,8 +119,8 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
   // every warp of a warpgroup issues its wgmmas; blocks past NT16 load zeros and are not stored
   Stream units(nullptr, qtiles, scales, zeros, M, K, NT16, KS, G, NG, Np, m0, ub, blk0, tid, lane);
   const T* xsrc = xt + ((long long)blockIdx.z * KS + ub) * (BM * 64);   // this split's first x tile
-  auto request = [&](int v) {   // thread 0: unit v's x tile into slot v % SL
-    const int s = v % SL;
+  auto request = [&](int v) {   // thread 0: unit v's x tile into slot v % SLOTS
+    const int s = v % SLOTS;
     bulk_load(smem0 + s * SLOT_BYTES, xsrc + (long long)v * (BM * 64), SLOT_BYTES, bar0 + 8 * s);
   };
 
@@ -157,73 +153,49 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
     }
   };
 
-  auto start = [&]() {   // after the prologue's weight loads
-    pdl_wait();
-    if (tid == 0) {
-#pragma unroll
-      for (int s = 0; s < SL; ++s) mbar_init(bar0 + 8 * s, 1);
-      mbar_init_fence();
-      for (int v = 0; v < min(n, SL - D); ++v) request(v);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < TW; ++i) pin(acc[i]);
-  };
-  int slot = 0;
-  u32 phase = 0;
-  // unit u's x slot: request, wait, compute, advance, barrier
-  auto run_unit = [&](int u, const typename Stream::Stage& st, auto&& after_first) {
-    // slot of unit u + SL - D = that of unit u - D: the latest barrier came after unit u - D + 1 or later, and
-    // there every warpgroup had waited for all but its last PEND <= 3 groups (the last unit's four steps)
-    if (tid == 0 && u + SL - D < n) request(u + SL - D);
-    mbar_wait(bar0 + 8 * slot, phase);
-    compute(st, smem0 + slot * SLOT_BYTES, after_first);
-    if (++slot == SL) {
-      slot = 0;
-      phase ^= 1u;
-    }
-    if (UPB == 1 || u % UPB == UPB - 1) __syncthreads();
-  };
-  // Prologue: the first units of weights in registers, requested before awq_tile_x_kernel has finished
+  // Prologue: the first batch of weights in registers, requested before awq_tile_x_kernel has finished
   // (programmatic dependent launch, common.cuh); the x tiles and every write only after pdl_wait(). The barriers
   // are initialised before anyone waits on them.
-  if constexpr (BAT) {
-    constexpr int B = P / 2;
-    typename Stream::Stage sb[2][B];
+  typename Stream::Stage sb[2][B];
 #pragma unroll
-    for (int j = 0; j < B; ++j)
-      if (j < n) units.load(sb[0][j]);
-    start();
-    for (int it = 0; it < n; it += 2 * B) {
+  for (int j = 0; j < B; ++j)
+    if (j < n) units.load(sb[0][j]);
+  pdl_wait();
+  if (tid == 0) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+    for (int s = 0; s < SLOTS; ++s) mbar_init(bar0 + 8 * s, 1);
+    mbar_init_fence();
+    for (int v = 0; v < min(n, SLOTS - 2); ++v) request(v);
+  }
+  __syncthreads();
 #pragma unroll
-        for (int j = 0; j < B; ++j) {
-          const int u = it + h * B + j;
-          if (u >= n) break;
-          run_unit(u, sb[h][j], [&]() {
-            if (j == 0)   // the next batch, once this batch's loads have been waited for
+  for (int i = 0; i < TW; ++i) pin(acc[i]);
+
+  int slot = 0;
+  u32 phase = 0;
+  for (int it = 0; it < n; it += 2 * B) {
 #pragma unroll
-              for (int jj = 0; jj < B; ++jj)
-                if (u + B + jj < n) units.load(sb[h ^ 1][jj]);
-          });
-        }
-    }
-  } else {
-    typename Stream::Stage st[P];
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
-    for (int j = 0; j < P - 1; ++j)
-      if (j < n) units.load(st[j]);
-    start();
-    for (int it = 0; it < n; it += P) {
-#pragma unroll
-      for (int j = 0; j < P; ++j) {
-        const int u = it + j;
+      for (int j = 0; j < B; ++j) {
+        const int u = it + h * B + j;
         if (u >= n) break;
-        if (u + P - 1 < n) units.load(st[(j + P - 1) % P]);
-        run_unit(u, st[j], []() {});
+        // slot of unit u + SLOTS - 2 = that of unit u - 2: at the barrier after unit u - 1 every warpgroup had
+        // waited for all but its last PEND <= 3 wgmma groups, which belong to unit u - 1 (four k16 steps)
+        if (tid == 0 && u + SLOTS - 2 < n) request(u + SLOTS - 2);
+        mbar_wait(bar0 + 8 * slot, phase);
+        compute(sb[h][j], smem0 + slot * SLOT_BYTES, [&]() {
+          if (j == 0)   // the next batch, now that this batch's loads have been waited for
+#pragma unroll
+            for (int jj = 0; jj < B; ++jj)
+              if (u + B + jj < n) units.load(sb[h ^ 1][jj]);
+        });
+        if (++slot == SLOTS) {
+          slot = 0;
+          phase ^= 1u;
+        }
+        __syncthreads();
       }
-    }
   }
   wait<0>();
 #pragma unroll
