@@ -1,7 +1,7 @@
 """A/B timing of the GEMM on a few Mistral-7B cases, timed like `python -m awq_cupy bench`. Usage:
     [AB_CASES=o:64,gate_up:64:256] python3 bench/ab_gemm.py LABEL [PKG_DIR] RUN...
 RUN is "name" or "name:key=value,...": splits, tiles, depth are ops._launch_gemm arguments (a depth outside the
-shape table is added to it); pend, upb, slots, bat pick the wgmma kernel's PEND / UPB / SL / BAT template arguments
+shape table is added to it); pend, minb pick the wgmma kernel's PEND / MINB template arguments
 (kernels_cu/gemm_wg.cu). The gemm_wg family is narrowed to the variants the runs need, so it compiles in seconds.
 PKG_DIR (a directory holding another awq_cupy/ and kernels_cu/) is put first on sys.path when given.
 """
@@ -23,7 +23,7 @@ from awq_cupy.bench import MODELS, Timer, rotated_weights  # noqa: E402
 from awq_cupy.jit import arch_of_device  # noqa: E402
 
 print(f"# {label}: {awq_cupy.__file__}", flush=True)
-TEMPLATE_KEYS = ("pend", "upb", "slots", "bat")
+TEMPLATE_KEYS = ("pend", "minb")
 runs = []
 for a in args:
     name, _, kv = a.partition(":")
@@ -43,10 +43,10 @@ def patched(tpl):
     """gemm_wg_variant / gemm_wg_smem_bytes for the template arguments tpl (empty: the defaults)."""
     if not tpl:
         return base_variant, base_smem
-    pend, upb, slots = tpl.get("pend", 1), tpl.get("upb", 1), tpl.get("slots", kernels.GEMM_WG_SLOTS)
-    bat = "true" if tpl.get("bat", 0) else "false"
-    return ((lambda *a: base_variant(*a)[:-1] + f", {pend}, {upb}, {slots}, {bat}>"),
-            (lambda nb: slots * 8 * nb * 128 + 1024))
+    def variant(dtype, nb, tw, depth, aligned):
+        pend = tpl.get("pend", 3 if nb >= 16 else 1)
+        return base_variant(dtype, nb, tw, depth, aligned)[:-1] + f", {pend}, {tpl.get('minb', 1)}>"
+    return variant, base_smem
 
 
 # narrow the gemm_wg family to the variants these runs need (a whole-family compile takes ~35 s on the H200 host)

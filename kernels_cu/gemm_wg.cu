@@ -83,8 +83,10 @@ __global__ void __launch_bounds__(256) awq_tile_x_kernel(const T* __restrict__ x
   }
 }
 
-template <typename T, int NB, int TW, int P, bool GA>
-__global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
+// PEND: wgmma groups left pending at each k16 step (1..3; v20: 3 pays from 128 tokens); MINB: CTAs per SM the
+// registers must allow (__launch_bounds__).
+template <typename T, int NB, int TW, int P, bool GA, int PEND = (NB >= 16 ? 3 : 1), int MINB = 1>
+__global__ void __launch_bounds__(awq_wg::THREADS, MINB) awq_gemm_wg_kernel(
     const T* __restrict__ xt,         // [M tiles][KS][BM][64] x tiles (awq_tile_x_kernel)
     const uint4* __restrict__ qtiles, // [NT16][KS][32] weight blocks
     const u32* __restrict__ scales,   // [NG, Np] permuted scales, as u32 pairs
@@ -100,7 +102,7 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
   static_assert(P >= 2, "two batches of at least one unit");
   constexpr int BM = 8 * NB, SZ = GA ? 1 : 2, R = BM / 2;
   constexpr int B = P / 2;                  // units per weight batch
-  constexpr int PEND = NB >= 16 ? 3 : 1;    // wgmma groups left pending at each step (v20: 3 pays from 128 tokens)
+  static_assert(PEND >= 1 && PEND <= 3, "four fragment buffers");
   constexpr int SLOT_BYTES = BM * 128;
   using Stream = UnitStream<T, TW, SZ, BM, THREADS, false>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
