@@ -86,8 +86,16 @@ TABLE: dict[str, Dispatch] = {
     # (bench/results/h200_tune_v16.txt: the fused GEMM's 256-token unit 0.86-0.92 us, dequantize ~3.1 TB/s,
     # cuBLAS fp16 700-790 TFLOP/s at M >= 512): at M = 1024 it keeps qkv (192 tiles: 1.45 waves) on cuBLAS and
     # runs o, gate_up and down fused (one wave of 128 tiles, 6.8 waves, one wave).
-    "90": Dispatch(gemv_max_m=16, cublas_min_m=512, wgmma_min_m=17, fused_unit_us=0.88, dequant_tbps=3.1,
-                   cublas_tflops=730.0),
+    # v20 (NOTES): weights in batches made the wgmma GEMM 6-12% faster; `tune` on it (bench/results/
+    # h200_tune_v20.txt, dispatch_h200_v20.json): the fused GEMM wins on every layer up to M = 512 (qkv 49.7 vs
+    # 56.6 us, o 38.5 vs 42.2), dequantize + cuBLAS first wins at M = 768 (qkv 72.7 vs 101.0): the model from 768.
+    # Refitted to that tune's per-layer times at M >= 768: 0.78 us per unit, 2.6 TB/s, 760 TFLOP/s pick the
+    # faster path wherever the two differ by more than 4%; it misses qkv at M = 2048 (cuBLAS 153.4 vs 159.6 us).
+    # (2.6 TB/s is below the dequantize kernel's own ~3.1: it stands in for that path's fixed costs, which the small
+    # layers feel; 0.74 us / 3.1 TB/s fits the tune as well but sends every layer at M = 4096 to the fused GEMM,
+    # which the measured 0.78-0.84 us per unit there would make ~4% slower than dequantize + cuBLAS.)
+    "90": Dispatch(gemv_max_m=16, cublas_min_m=768, wgmma_min_m=17, fused_unit_us=0.78, dequant_tbps=2.6,
+                   cublas_tflops=760.0),
     "default": Dispatch(gemv_max_m=12, cublas_min_m=256),
 }
 

@@ -99,9 +99,28 @@ GEMM_WG_DEFAULT = {16: (2, 1, 6), 32: (4, 1, 6), 64: (8, 1, 6), 128: (16, 1, 4),
 GEMM_WG_SLOTS = 6   # x slots of awq_gemm_wg_kernel (awq_wg::SLOTS)
 
 
-def gemm_wg_variant(dtype: str, token_blocks: int, tiles: int, depth: int, aligned: bool) -> str:
+# wgmma groups each warpgroup leaves pending per k16 step (the kernel's PEND default): 3 from 128 tokens, 1 below
+# (bench/NOTES.md v20). The 128-token tile also has a PEND = 2 variant that fits 128 registers, so two CTAs share
+# an SM: faster where the grid has more CTAs than SMs (gate_up at M = 128: 56 vs 65 us), slower with one CTA per SM
+# (o: 22 vs 17 us); ops._launch_gemm picks by the planned grid. {(token blocks, tiles, depth): PEND}
+GEMM_WG_PEND_TWO_PER_SM = {(16, 1, 4): 2}
+
+
+def gemm_wg_pend(token_blocks: int) -> int:
+    return 3 if token_blocks >= 16 else 1
+
+
+def _wg_pends(shape) -> tuple:
+    """PEND values instantiated for a wgmma shape: the default (None), and the two-per-SM one where it has one."""
+    return (None,) + ((GEMM_WG_PEND_TWO_PER_SM[shape],) if shape in GEMM_WG_PEND_TWO_PER_SM else ())
+
+
+def gemm_wg_variant(dtype: str, token_blocks: int, tiles: int, depth: int, aligned: bool,
+                    pend: int | None = None) -> str:
+    """The kernel's name; ``pend`` other than the default PEND of the token tile names that template argument."""
+    extra = "" if pend is None or pend == gemm_wg_pend(token_blocks) else f", {pend}"
     return (f"awq_gemm_wg_kernel<{CTYPE[dtype]}, {token_blocks}, {tiles}, {depth}, "
-            f"{'true' if aligned else 'false'}>")
+            f"{'true' if aligned else 'false'}{extra}>")
 
 
 def gemm_wg_smem_bytes(token_blocks: int) -> int:
@@ -115,8 +134,8 @@ def tile_x_variant(dtype: str) -> str:
 
 
 GEMM_WG = KernelFamily("gemm_wg", "gemm_wg.cu",
-                       lambda arch: tuple(gemm_wg_variant(d, nb, tw, p, ga) for d in gemm_dtypes(arch)
-                                          for nb, tw, p in GEMM_WG_SHAPES for ga in (True, False))
+                       lambda arch: tuple(gemm_wg_variant(d, *s, ga, pend) for d in gemm_dtypes(arch)
+                                          for s in GEMM_WG_SHAPES for ga in (True, False) for pend in _wg_pends(s))
                        + tuple(tile_x_variant(d) for d in gemm_dtypes(arch)),
                        hot=True, min_cc=90, arch_specific=True)
 

@@ -7,6 +7,7 @@ synchronises.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -517,23 +518,30 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
 
 
 def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, tiles=None, splits=None,
-                 wgmma=None, depth=None):
-    from .kernels import (GEMM_WARPS, gemm_sw_smem_bytes, gemm_sw_variant, gemm_wg_smem_bytes, gemm_wg_variant,
-                          kernel, reduce_variant, tile_x_variant)
+                 wgmma=None, depth=None, pend=None):
+    from .kernels import (GEMM_WARPS, GEMM_WG_PEND_TWO_PER_SM, gemm_sw_smem_bytes, gemm_sw_variant,
+                          gemm_wg_smem_bytes, gemm_wg_variant, kernel, reduce_variant, tile_x_variant)
 
     wg = uses_wgmma(arch, None if batch_invariant else M) if wgmma is None else wgmma
     nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wg, depth=depth)
     aligned = w.group_size % 64 == 0 or w.NG == 1
+
+    def planned(gk, smem):
+        # batch-invariant plans must not depend on this M's variant: one CTA per SM
+        resident = sm_count if batch_invariant else gk.resident_blocks(32 * GEMM_WARPS, smem) * sm_count
+        return gk, plan_gemm(M, w.K, w.N, w.group_size, wgmma=wg, sm_count=sm_count, resident=resident, tiles=tw,
+                             splits=splits, batch_invariant=batch_invariant, depth=depth)
+
     if wg:
-        gk = kernel("gemm_wg", gemm_wg_variant(kind, nb, tw, depth, aligned), w.device)
         smem = gemm_wg_smem_bytes(nb)
+        gk, p = planned(kernel("gemm_wg", gemm_wg_variant(kind, nb, tw, depth, aligned, pend), w.device), smem)
+        two = GEMM_WG_PEND_TWO_PER_SM.get((nb, tw, depth))
+        # the shape's two-CTAs-per-SM variant where the grid has more CTAs than SMs (same sums, same order)
+        if pend is None and two is not None and not batch_invariant and math.prod(p["grid"]) > sm_count:
+            gk, p = planned(kernel("gemm_wg", gemm_wg_variant(kind, nb, tw, depth, aligned, two), w.device), smem)
     else:
-        gk = kernel("gemm_tc", gemm_sw_variant(kind, nb, tw, depth, aligned), w.device)
         smem = gemm_sw_smem_bytes(nb)
-    # batch-invariant plans must not depend on this M's variant: one CTA per SM
-    resident = sm_count if batch_invariant else gk.resident_blocks(32 * GEMM_WARPS, smem) * sm_count
-    p = plan_gemm(M, w.K, w.N, w.group_size, wgmma=wg, sm_count=sm_count, resident=resident, tiles=tw,
-                  splits=splits, batch_invariant=batch_invariant, depth=depth)
+        gk, p = planned(kernel("gemm_tc", gemm_sw_variant(kind, nb, tw, depth, aligned), w.device), smem)
     Np = w.NT * 64
     pdl = uses_pdl(arch)
     ws = _workspace(p["splits"] * M * Np, w.device) if p["splits"] > 1 else _NULL

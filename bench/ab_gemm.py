@@ -1,8 +1,8 @@
 """A/B timing of the GEMM on a few Mistral-7B cases, timed like `python -m awq_cupy bench`. Usage:
     [AB_CASES=o:64,gate_up:64:256] python3 bench/ab_gemm.py LABEL [PKG_DIR] RUN...
-RUN is "name" or "name:key=value,...": splits, tiles, depth are ops._launch_gemm arguments (a depth outside the
-shape table is added to it); pend, minb pick the wgmma kernel's PEND / MINB template arguments
-(kernels_cu/gemm_wg.cu). The gemm_wg family is narrowed to the variants the runs need, so it compiles in seconds.
+RUN is "name" or "name:key=value,...": splits, tiles, depth, pend are ops._launch_gemm arguments (a depth outside
+the shape table is added to it; pend is the wgmma kernel's PEND template argument, any of 1..3 here). The gemm_wg
+family is narrowed to the variants the runs need, so it compiles in seconds.
 PKG_DIR (a directory holding another awq_cupy/ and kernels_cu/) is put first on sys.path when given.
 """
 import dataclasses
@@ -23,12 +23,10 @@ from awq_cupy.bench import MODELS, Timer, rotated_weights  # noqa: E402
 from awq_cupy.jit import arch_of_device  # noqa: E402
 
 print(f"# {label}: {awq_cupy.__file__}", flush=True)
-TEMPLATE_KEYS = ("pend", "minb")
 runs = []
 for a in args:
     name, _, kv = a.partition(":")
-    kw = {k: int(v) for k, v in (p.split("=") for p in kv.split(",") if p)}
-    runs.append((name, {k: kw.pop(k) for k in TEMPLATE_KEYS if k in kw}, kw))
+    runs.append((name, {k: int(v) for k, v in (p.split("=") for p in kv.split(",") if p)}))
 CASES = {"qkv": (256,), "o": (128,), "gate_up": (64, 256), "down": (128,)}
 if os.environ.get("AB_CASES"):
     CASES = {}
@@ -36,31 +34,20 @@ if os.environ.get("AB_CASES"):
         name, *ms = c.split(":")
         CASES[name] = tuple(int(m) for m in ms)
 
-base_variant, base_smem = kernels.gemm_wg_variant, kernels.gemm_wg_smem_bytes
-
-
-def patched(tpl):
-    """gemm_wg_variant / gemm_wg_smem_bytes for the template arguments tpl (empty: the defaults)."""
-    if not tpl:
-        return base_variant, base_smem
-    def variant(dtype, nb, tw, depth, aligned):
-        pend = tpl.get("pend", 3 if nb >= 16 else 1)
-        return base_variant(dtype, nb, tw, depth, aligned)[:-1] + f", {pend}, {tpl.get('minb', 1)}>"
-    return variant, base_smem
-
 
 # narrow the gemm_wg family to the variants these runs need (a whole-family compile takes ~35 s on the H200 host)
 needed = {kernels.tile_x_variant("float16")}
-for _, tpl, kw in runs:
+for _, kw in runs:
     if "depth" in kw:
         for M in sorted({m for ms in CASES.values() for m in ms}):
             nb, tw, _ = ops.gemm_shape_for(M, kw.get("tiles"), wgmma=True)
             if (nb, tw, kw["depth"]) not in kernels.GEMM_WG_SHAPES:
                 kernels.GEMM_WG_SHAPES += ((nb, tw, kw["depth"]),)
-for _, tpl, kw in runs:
+for _, kw in runs:
     for M in sorted({m for ms in CASES.values() for m in ms}):
         nb, tw, depth = ops.gemm_shape_for(M, kw.get("tiles"), wgmma=True, depth=kw.get("depth"))
-        needed.add(patched(tpl)[0]("float16", nb, tw, depth, True))
+        for pend in {kw.get("pend")} | set(kernels._wg_pends((nb, tw, depth))):
+            needed.add(kernels.gemm_wg_variant("float16", nb, tw, depth, True, pend))
 fam = dataclasses.replace(kernels.GEMM_WG, variants=lambda arch: tuple(sorted(needed)))
 kernels.FAMILIES["gemm_wg"] = fam
 
@@ -77,8 +64,7 @@ for name, K, N in MODELS["mistral-7b"]:
         x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
         ref = None
         line = []
-        for run, tpl, kw in runs:
-            kernels.gemm_wg_variant, kernels.gemm_wg_smem_bytes = patched(tpl)
+        for run, kw in runs:
             y = cp.empty((M, N), cp.float16)
             ops._launch_gemm(x, wq[0], ops._NULL, y, M, "float16", arch, sms, False, wgmma=True, **kw)
             if ref is None:
@@ -88,7 +74,6 @@ for name, K, N in MODELS["mistral-7b"]:
             us = timer(lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, "float16", arch, sms, False,
                                                   wgmma=True, **kw), max(20, nq), 3)
             line.append(f"{run} {us:7.1f}")
-        kernels.gemm_wg_variant, kernels.gemm_wg_smem_bytes = base_variant, base_smem
         print(f"{label:8s} {name:8s} M={M:5d}  " + "  ".join(line), flush=True)
     del wq
     cp.get_default_memory_pool().free_all_blocks()

@@ -83,10 +83,10 @@ __global__ void __launch_bounds__(256) awq_tile_x_kernel(const T* __restrict__ x
   }
 }
 
-// PEND: wgmma groups left pending at each k16 step (1..3; v20: 3 pays from 128 tokens); MINB: CTAs per SM the
-// registers must allow (__launch_bounds__).
-template <typename T, int NB, int TW, int P, bool GA, int PEND = (NB >= 16 ? 3 : 1), int MINB = 1>
-__global__ void __launch_bounds__(awq_wg::THREADS, MINB) awq_gemm_wg_kernel(
+// PEND: wgmma groups left pending at each k16 step (1..3; bench/NOTES.md v20: 3 pays from 128 tokens, and the
+// 128-token tile's PEND = 2 variant fits two CTAs per SM; awq_cupy/kernels.py).
+template <typename T, int NB, int TW, int P, bool GA, int PEND = (NB >= 16 ? 3 : 1)>
+__global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
     const T* __restrict__ xt,         // [M tiles][KS][BM][64] x tiles (awq_tile_x_kernel)
     const uint4* __restrict__ qtiles, // [NT16][KS][32] weight blocks
     const u32* __restrict__ scales,   // [NG, Np] permuted scales, as u32 pairs
