@@ -517,10 +517,21 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
                 grid=(n_ctas, splits, m_tiles), splits=splits, per=per, smem=smem, NT16=NT16)
 
 
+def wgmma_pend(shape: tuple[int, int, int], ctas: int, sm_count: int, batch_invariant: bool = False) -> int | None:
+    """The wgmma GEMM's PEND variant other than the default for ``shape`` (kernels.GEMM_WG_PEND_TWO_PER_SM), or
+    None: the shape's two-CTAs-per-SM variant where the default's planned grid has more CTAs than SMs (one CTA
+    per SM keeps the deeper wgmma queue). Both run the same wgmmas in the same order (same bits); batch-invariant
+    calls keep the default."""
+    from .kernels import GEMM_WG_PEND_TWO_PER_SM
+
+    two = GEMM_WG_PEND_TWO_PER_SM.get(tuple(shape))
+    return two if two is not None and not batch_invariant and ctas > sm_count else None
+
+
 def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, tiles=None, splits=None,
                  wgmma=None, depth=None, pend=None):
-    from .kernels import (GEMM_WARPS, GEMM_WG_PEND_TWO_PER_SM, gemm_sw_smem_bytes, gemm_sw_variant,
-                          gemm_wg_smem_bytes, gemm_wg_variant, kernel, reduce_variant, tile_x_variant)
+    from .kernels import (GEMM_WARPS, gemm_sw_smem_bytes, gemm_sw_variant, gemm_wg_smem_bytes, gemm_wg_variant,
+                          kernel, reduce_variant, tile_x_variant)
 
     wg = uses_wgmma(arch, None if batch_invariant else M) if wgmma is None else wgmma
     nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wg, depth=depth)
@@ -535,9 +546,8 @@ def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, 
     if wg:
         smem = gemm_wg_smem_bytes(nb)
         gk, p = planned(kernel("gemm_wg", gemm_wg_variant(kind, nb, tw, depth, aligned, pend), w.device), smem)
-        two = GEMM_WG_PEND_TWO_PER_SM.get((nb, tw, depth))
-        # the shape's two-CTAs-per-SM variant where the grid has more CTAs than SMs (same sums, same order)
-        if pend is None and two is not None and not batch_invariant and math.prod(p["grid"]) > sm_count:
+        two = wgmma_pend((nb, tw, depth), math.prod(p["grid"]), sm_count, batch_invariant) if pend is None else None
+        if two is not None:
             gk, p = planned(kernel("gemm_wg", gemm_wg_variant(kind, nb, tw, depth, aligned, two), w.device), smem)
     else:
         smem = gemm_sw_smem_bytes(nb)

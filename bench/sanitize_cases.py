@@ -3,11 +3,13 @@
     compute-sanitizer --tool memcheck  --error-exitcode 1 python3 bench/sanitize_cases.py
     compute-sanitizer --tool racecheck --error-exitcode 1 python3 bench/sanitize_cases.py
 """
+import itertools
+
 import numpy as np
 import cupy as cp
 
 import awq_cupy
-from awq_cupy import formats, ops
+from awq_cupy import formats, kernels, ops
 from awq_cupy.jit import arch_of_device
 from awq_cupy.kernels import GEMM_SHAPES, GEMM_WG_SHAPES
 
@@ -38,11 +40,13 @@ for K, N, G, kinds in [(24, 8, -1, ("float16", "bfloat16")), (96, 72, 32, ("floa
                     y = cp.empty((M, N), dtype=x.dtype)
                     awq_cupy.ops._launch_gemv(x, w, bias, y, M, kind, awq_cupy.ops._sm_count(w.device), tiles=tiles)
             for wg in sorted({False, ops.has_wgmma(arch_of_device(w.device))}) if M > 8 else ():
-                for nb, tw, _ in (GEMM_WG_SHAPES if wg else GEMM_SHAPES):  # every GEMM variant of M's token tile
+                for nb, tw, depth in (GEMM_WG_SHAPES if wg else GEMM_SHAPES):  # every GEMM variant of M's tile
                     if ops.gemm_token_tile(M, wg) == 8 * nb:
-                        for splits in (1, min(3, w.KS)):
+                        pends = kernels._wg_pends((nb, tw, depth)) if wg else (None,)
+                        for splits, pend in itertools.product((1, min(3, w.KS)), pends):
                             y = cp.empty((M, N), dtype=x.dtype)
                             ops._launch_gemm(x, w, bias, y, M, kind, arch_of_device(w.device),
-                                             ops._sm_count(w.device), False, tiles=tw, splits=splits, wgmma=wg)
+                                             ops._sm_count(w.device), False, tiles=tw, splits=splits, wgmma=wg,
+                                             depth=depth, pend=pend)
 cp.cuda.Device().synchronize()
 print("sanitize cases done")

@@ -50,9 +50,10 @@ template <int R> AWQ_DEVICE void pin(float (&d)[R]) {
 // Shared-memory matrix descriptor, K-major with the 128-byte swizzle: start address / 16 (bits 0-13), leading
 // byte offset 1 (unused by swizzled K-major layouts), stride byte offset 1024 / 16 between 8-row groups
 // (bits 32-45), swizzle mode 1 = 128 B (bits 62-63).
-AWQ_DEVICE u64 desc_sw128(u32 addr) {
-  return (u64)((addr & 0x3FFFFu) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
-}
+// Split into its low word (address field | leading byte offset) and the constant high word.
+AWQ_DEVICE u32 desc_lo(u32 addr) { return ((addr & 0x3FFFFu) >> 4) | (1u << 16); }
+constexpr u32 DESC_HI = (1024 >> 4) | (1u << 30);
+AWQ_DEVICE u64 desc_sw128(u32 lo) { return ((u64)DESC_HI << 32) | lo; }
 }  // namespace awq_wg
 
 // x [M, K] -> xt [ceil(M / BM)][KS][BM][64]: per (token tile, 64-k unit) the shared-memory image the GEMM copies
@@ -121,10 +122,12 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
   // every warp of a warpgroup issues its wgmmas; blocks past NT16 load zeros and are not stored
   Stream units(nullptr, qtiles, scales, zeros, M, K, NT16, KS, G, NG, Np, m0, ub, blk0, tid, lane);
   const T* xsrc = xt + ((long long)blockIdx.z * KS + ub) * (BM * 64);   // this split's first x tile
-  auto request = [&](int v) {   // thread 0: unit v's x tile into slot v % SLOTS
-    const int s = v % SLOTS;
+  auto request = [&](int v, int s) {   // thread 0: unit v's x tile into slot s = v % SLOTS
     bulk_load(smem0 + s * SLOT_BYTES, xsrc + (long long)v * (BM * 64), SLOT_BYTES, bar0 + 8 * s);
   };
+  // slot s, k16 step t: the descriptor of smem0 + s SLOT_BYTES + 32 t (the start address field counts 16 bytes,
+  // and shared addresses stay below its 2^18-byte range)
+  const u32 desc0 = desc_lo(smem0);
 
   float acc[TW][R];
 #pragma unroll
@@ -133,7 +136,7 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
     for (int e = 0; e < R; ++e) acc[i][e] = 0.f;
   u32 afr[4][TW][4];   // fragment buffers of k16 steps t % 4
 
-  auto compute = [&](const typename Stream::Stage& st, u32 slot_addr, auto&& after_first) {
+  auto compute = [&](const typename Stream::Stage& st, u32 slot_desc, auto&& after_first) {
 #pragma unroll
     for (int h = 0; h < SZ; ++h) {
       ScaledDecoder<T> dec[TW];
@@ -146,9 +149,8 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
 #pragma unroll
         for (int i = 0; i < TW; ++i) dec[i].fragment(awq_units::word(st.w[i], t), afr[t][i]);
         fence();
-        const u64 desc = desc_sw128(slot_addr + 32 * t);
 #pragma unroll
-        for (int i = 0; i < TW; ++i) Wgmma<T, BM>::run(acc[i], afr[t][i], desc);
+        for (int i = 0; i < TW; ++i) Wgmma<T, BM>::run(acc[i], afr[t][i], desc_sw128(slot_desc + 2 * t));
         commit();
         if (t == 0) after_first();
       }
@@ -167,7 +169,7 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) mbar_init(bar0 + 8 * s, 1);
     mbar_init_fence();
-    for (int v = 0; v < min(n, SLOTS - 2); ++v) request(v);
+    for (int v = 0; v < min(n, SLOTS - 2); ++v) request(v, v);
   }
   __syncthreads();
 #pragma unroll
@@ -175,6 +177,7 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
 
   int slot = 0;
   u32 phase = 0;
+
   for (int it = 0; it < n; it += 2 * B) {
 #pragma unroll
     for (int h = 0; h < 2; ++h)
@@ -184,9 +187,9 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
         if (u >= n) break;
         // slot of unit u + SLOTS - 2 = that of unit u - 2: at the barrier after unit u - 1 every warpgroup had
         // waited for all but its last PEND <= 3 wgmma groups, which belong to unit u - 1 (four k16 steps)
-        if (tid == 0 && u + SLOTS - 2 < n) request(u + SLOTS - 2);
+        if (tid == 0 && u + SLOTS - 2 < n) request(u + SLOTS - 2, slot >= 2 ? slot - 2 : slot + SLOTS - 2);
         mbar_wait(bar0 + 8 * slot, phase);
-        compute(sb[h][j], smem0 + slot * SLOT_BYTES, [&]() {
+        compute(sb[h][j], desc0 + slot * (SLOT_BYTES >> 4), [&]() {
           if (j == 0)   // the next batch, now that this batch's loads have been waited for
 #pragma unroll
             for (int jj = 0; jj < B; ++jj)

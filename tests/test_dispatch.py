@@ -1,4 +1,6 @@
 """Launch planning and the dispatch table, on the CPU (no device is touched)."""
+import math
+
 import pytest
 
 from awq_cupy import dispatch, jit, kernels
@@ -288,6 +290,45 @@ def test_gemm_shape_for_picks_the_depth_asked_for(wgmma):
     for nb, tw, depth in kernels.GEMM_WG_SHAPES if wgmma else kernels.GEMM_SHAPES:
         assert gemm_shape_for(8 * nb, tw, wgmma=wgmma, depth=depth) == (nb, tw, depth)
         assert plan_gemm(8 * nb, 4096, 4096, 128, wgmma=wgmma, tiles=tw, depth=depth)["depth"] == depth
+
+
+def test_wgmma_two_per_sm_variant_only_for_grids_larger_than_the_sms():
+    from awq_cupy.ops import wgmma_pend
+
+    for shape, pend in kernels.GEMM_WG_PEND_TWO_PER_SM.items():
+        assert shape in kernels.GEMM_WG_SHAPES and pend != kernels.gemm_wg_pend(shape[0])
+        assert wgmma_pend(shape, 133, 132) == pend and wgmma_pend(list(shape), 1000, 132) == pend
+        assert wgmma_pend(shape, 132, 132) is None and wgmma_pend(shape, 1, 132) is None
+        assert wgmma_pend(shape, 1000, 132, batch_invariant=True) is None
+        # Mistral-7B at M = 128 (bench/NOTES.md v20): gate_up's default grid (224 CTAs) takes it, o's (128) does not
+        gu = plan_gemm(128, 4096, 28672, 128, wgmma=True, tiles=shape[1], depth=shape[2])
+        o = plan_gemm(128, 4096, 4096, 128, wgmma=True, tiles=shape[1], depth=shape[2])
+        assert wgmma_pend(shape, math.prod(gu["grid"]), 132) == pend
+        assert wgmma_pend(shape, math.prod(o["grid"]), 132) is None
+    for shape in kernels.GEMM_WG_SHAPES:
+        if shape not in kernels.GEMM_WG_PEND_TWO_PER_SM:
+            assert wgmma_pend(shape, 10_000, 132) is None
+
+
+def test_wgmma_variant_names_and_the_kernels_pend_default():
+    """Python's PEND default per token tile mirrors the kernel's template default; a non-default PEND is named."""
+    import re
+
+    from awq_cupy.jit import read_source
+
+    m = re.search(r"int PEND = \(NB >= (\d+) \? (\d) : (\d)\)", read_source("gemm_wg.cu"))
+    assert m, "PEND default of awq_gemm_wg_kernel"
+    for nb in (2, 4, 8, 16, 32):
+        assert kernels.gemm_wg_pend(nb) == int(m.group(2) if nb >= int(m.group(1)) else m.group(3))
+        v = kernels.gemm_wg_variant("float16", nb, 1, 4, True)
+        assert v == kernels.gemm_wg_variant("float16", nb, 1, 4, True, kernels.gemm_wg_pend(nb))
+        assert v.count(",") == 4 and kernels.gemm_wg_variant("float16", nb, 1, 4, True, 2 if nb >= 16 else 3) != v
+    from awq_cupy.jit import ARCHS
+
+    names = kernels.GEMM_WG.variants(ARCHS["90a"])
+    assert len(names) == len(set(names))
+    for (nb, tw, depth), pend in kernels.GEMM_WG_PEND_TWO_PER_SM.items():
+        assert kernels.gemm_wg_variant("bfloat16", nb, tw, depth, False, pend) in names
 
 
 def test_launch_constants_match_the_kernel_sources():

@@ -293,8 +293,9 @@ def test_gemv_is_deterministic_and_rows_are_independent(rng):
 # ---------------------------------------------------------------------------------------------------------------
 # The swapped GEMM (M > 12): every variant, forced split counts, awkward shapes
 # ---------------------------------------------------------------------------------------------------------------
-def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False):
-    """Run the GEMM (the wgmma or the mma.sync kernel) with ``tiles`` column blocks per warp (and ``splits``)."""
+def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False, pend=None):
+    """Run the GEMM (the wgmma or the mma.sync kernel) with ``tiles`` column blocks per warp (and ``splits``, and
+    the wgmma kernel's ``pend``)."""
     from awq_cupy import ops
     from awq_cupy.jit import arch_of_device
 
@@ -303,7 +304,7 @@ def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False):
     y = cp.full((M, w.N), np.nan, dtype=xg.dtype)
     b = cp.asarray(bias) if bias is not None else ops._NULL
     ops._launch_gemm(xg, w, b, y, M, w.dtype, arch_of_device(w.device), ops._sm_count(w.device), False,
-                     tiles=tiles, splits=splits, wgmma=wgmma)
+                     tiles=tiles, splits=splits, wgmma=wgmma, pend=pend)
     return y.get()
 
 
@@ -372,6 +373,27 @@ def test_gemm_is_deterministic_and_split_count_only_matters(rng, path):
             what = f"{path} M={M} shape={(nb, tw)}"
             np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=f"run to run {what}")
             np.testing.assert_array_equal(a[:13].view(np.uint16), ref.view(np.uint16), err_msg=f"rows {what}")
+
+
+def test_wgmma_two_ctas_per_sm_variant_gives_the_same_bits(rng):
+    """The 128-token tile's PEND = 2 variant (ops.wgmma_pend picks it where the grid has more CTAs than SMs) runs
+    the same wgmmas in the same order: bitwise the default variant's result, both against the reference."""
+    from awq_cupy.kernels import GEMM_WG_PEND_TWO_PER_SM
+
+    if not _has_wgmma():
+        pytest.skip("the wgmma GEMM needs compute capability 9.0")
+    for (nb, tw, depth), pend in GEMM_WG_PEND_TWO_PER_SM.items():
+        for K, N, G, kind in ((4096, 4160, 128, "float16"), (1000, 200, -1, "bfloat16"), (768, 96, 96, "float16")):
+            Q, Z, S, G = random_layer(rng, K, N, G)
+            w = _weight(Q, Z, S, G, kind)
+            M = 8 * nb - 5
+            x = random_x(rng, M, K, kind)
+            for splits in (1, min(3, w.KS)):
+                a = _gemm(x, w, tw, splits, wgmma=True)
+                b = _gemm(x, w, tw, splits, wgmma=True, pend=pend)
+                what = f"PEND={pend} shape={(nb, tw, depth)} {K}x{N} G={G} splits={splits} {kind}"
+                np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=what)
+                assert_matmul_close(b, x, kernel_weight(Q, Z, S, G, kind), kind, what=what)
 
 
 # ---------------------------------------------------------------------------------------------------------------
