@@ -1,8 +1,9 @@
 """A/B timing of the GEMM on a few Mistral-7B cases, timed like `python -m awq_cupy bench`. Usage:
     [AB_CASES=o:64,gate_up:64:256] python3 bench/ab_gemm.py LABEL [PKG_DIR] RUN...
 RUN is "name" or "name:key=value,...": splits, tiles, depth, pend are ops._launch_gemm arguments (a depth outside
-the shape table is added to it; pend is the wgmma kernel's PEND template argument, any of 1..3 here). The gemm_wg
-family is narrowed to the variants the runs need, so it compiles in seconds.
+the shape table is added to it; pend is the wgmma kernel's PEND template argument, any of 1..3 here); tile=T makes
+every M take the token tile T (ops.gemm_token_tile patched). The gemm_wg family is narrowed to the variants the
+runs need, so it compiles in seconds.
 PKG_DIR (a directory holding another awq_cupy/ and kernels_cu/) is put first on sys.path when given.
 """
 import dataclasses
@@ -27,6 +28,15 @@ runs = []
 for a in args:
     name, _, kv = a.partition(":")
     runs.append((name, {k: int(v) for k, v in (p.split("=") for p in kv.split(",") if p)}))
+token_tile = ops.gemm_token_tile
+
+
+def use_tile(kw):
+    """Patch ops.gemm_token_tile for a run with tile=T; returns the launch kwargs without it."""
+    kw = dict(kw)
+    t = kw.pop("tile", None)
+    ops.gemm_token_tile = token_tile if t is None else (lambda M, wgmma=False: t)
+    return kw
 CASES = {"qkv": (256,), "o": (128,), "gate_up": (64, 256), "down": (128,)}
 if os.environ.get("AB_CASES"):
     CASES = {}
@@ -38,12 +48,14 @@ if os.environ.get("AB_CASES"):
 # narrow the gemm_wg family to the variants these runs need (a whole-family compile takes ~35 s on the H200 host)
 needed = {kernels.tile_x_variant("float16")}
 for _, kw in runs:
+    kw = use_tile(kw)
     if "depth" in kw:
         for M in sorted({m for ms in CASES.values() for m in ms}):
             nb, tw, _ = ops.gemm_shape_for(M, kw.get("tiles"), wgmma=True)
             if (nb, tw, kw["depth"]) not in kernels.GEMM_WG_SHAPES:
                 kernels.GEMM_WG_SHAPES += ((nb, tw, kw["depth"]),)
 for _, kw in runs:
+    kw = use_tile(kw)
     for M in sorted({m for ms in CASES.values() for m in ms}):
         nb, tw, depth = ops.gemm_shape_for(M, kw.get("tiles"), wgmma=True, depth=kw.get("depth"))
         for pend in {kw.get("pend")} | set(kernels._wg_pends((nb, tw, depth))):
@@ -65,6 +77,7 @@ for name, K, N in MODELS["mistral-7b"]:
         ref = None
         line = []
         for run, kw in runs:
+            kw = use_tile(kw)
             y = cp.empty((M, N), cp.float16)
             ops._launch_gemm(x, wq[0], ops._NULL, y, M, "float16", arch, sms, False, wgmma=True, **kw)
             if ref is None:
