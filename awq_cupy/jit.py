@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import re
+import struct
 import sys
 import tempfile
 import threading
@@ -445,16 +446,18 @@ class Kernel:
                 self._func.ptr, threads, smem))
         return n
 
-    def launch(self, grid: tuple, block: tuple, args: tuple, smem: int = 0, pdl: bool = False) -> None:
+    def launch(self, grid: tuple, block: tuple, args: tuple, smem: int = 0, pdl: bool = False,
+               cluster: tuple | None = None) -> None:
         """Launch on the caller's current CuPy stream. ``pdl``: with the programmatic-stream-serialization
-        attribute (sm_90+, kernels written for it: common.cuh pdl_wait / pdl_trigger), through cuLaunchKernelEx."""
+        attribute (sm_90+, kernels written for it: common.cuh pdl_wait / pdl_trigger); ``cluster``: as thread-block
+        clusters of these dimensions (sm_90+, each dividing the grid's); both through cuLaunchKernelEx."""
         for a in args:  # CuPy passes Python ints as int64 and floats as float64: demand explicit widths
             if isinstance(a, (int, float, bool)):
                 raise TypeError(f"kernel {self.name}: scalar argument {a!r} must be a numpy scalar "
                                 f"(np.int32/np.float32/...), not a Python {type(a).__name__}")
         self._ensure_dynamic_smem(smem)
-        if pdl:
-            _launch_pdl(self._func.ptr, tuple(grid), tuple(block), args, smem)
+        if pdl or cluster:
+            _launch_ex(self._func.ptr, tuple(grid), tuple(block), args, smem, pdl, cluster)
             return
         # stream=None: CuPy launches on the current stream of the calling thread.
         self._func(tuple(grid), tuple(block), args, shared_mem=smem)
@@ -464,9 +467,10 @@ class Kernel:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Programmatic dependent launch: CuPy has no cuLaunchKernelEx, so it is called through ctypes (driver API, CUDA 12+
-# struct layouts: CUlaunchConfig, CUlaunchAttribute with a 64-byte value union).
+# Programmatic dependent launch and thread-block clusters: CuPy has no cuLaunchKernelEx, so it is called through
+# ctypes (driver API, CUDA 12+ struct layouts: CUlaunchConfig, CUlaunchAttribute with a 64-byte value union).
 # ----------------------------------------------------------------------------------------------------------------
+_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
 
@@ -482,23 +486,37 @@ class _LaunchConfig(ctypes.Structure):
 
 
 _libcuda = None
-_PDL_ATTR = None
-_PDL_ATTR_PTR = None
+_attr_sets: dict = {}   # (pdl, cluster) -> ctypes array of attributes, kept alive for the process
 
 
 def _cuda_driver():
-    global _libcuda, _PDL_ATTR, _PDL_ATTR_PTR
+    global _libcuda
     if _libcuda is None:
         lib = ctypes.CDLL("libcuda.so.1")
         lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
                                          ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)]
         lib.cuLaunchKernelEx.restype = ctypes.c_int
-        attr = _LaunchAttribute()
-        attr.id = _CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        ctypes.memmove(ctypes.addressof(attr) + _LaunchAttribute.value.offset,
-                       ctypes.byref(ctypes.c_int(1)), 4)   # programmaticStreamSerializationAllowed = 1
-        _PDL_ATTR, _PDL_ATTR_PTR, _libcuda = attr, ctypes.pointer(attr), lib
+        _libcuda = lib
     return _libcuda
+
+
+def _launch_attributes(pdl: bool, cluster: tuple | None):
+    """(pointer, count) of the launch attributes for PDL and / or cluster dimensions, built once per set."""
+    key = (bool(pdl), tuple(cluster) if cluster else None)
+    got = _attr_sets.get(key)
+    if got is None:
+        values = []
+        if pdl:   # programmaticStreamSerializationAllowed = 1
+            values.append((_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, struct.pack("<i", 1)))
+        if cluster:
+            c = tuple(cluster) + (1,) * (3 - len(cluster))
+            values.append((_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, struct.pack("<3I", *c)))
+        arr = (_LaunchAttribute * len(values))()
+        for a, (ident, payload) in zip(arr, values):
+            a.id = ident
+            ctypes.memmove(ctypes.addressof(a) + _LaunchAttribute.value.offset, payload, len(payload))
+        got = _attr_sets[key] = (arr, len(values))
+    return got
 
 
 _INT_SCALARS = (np.int32, np.int64, np.uint32, np.uint64)
@@ -521,10 +539,12 @@ def _arg_bits(a) -> int:
     return int(ptr)
 
 
-def _launch_pdl(func_ptr: int, grid: tuple, block: tuple, args: tuple, smem: int) -> None:
+def _launch_ex(func_ptr: int, grid: tuple, block: tuple, args: tuple, smem: int, pdl: bool,
+               cluster: tuple | None) -> None:
     import cupy
 
     lib = _cuda_driver()
+    attrs, nattrs = _launch_attributes(pdl, cluster)
     n = len(args)
     slots = (ctypes.c_uint64 * n)(*[_arg_bits(a) for a in args])
     base = ctypes.addressof(slots)
@@ -532,7 +552,7 @@ def _launch_pdl(func_ptr: int, grid: tuple, block: tuple, args: tuple, smem: int
     g = tuple(grid) + (1,) * (3 - len(grid))
     b = tuple(block) + (1,) * (3 - len(block))
     cfg = _LaunchConfig(g[0], g[1], g[2], b[0], b[1], b[2], smem, cupy.cuda.get_current_stream().ptr,
-                        _PDL_ATTR_PTR, 1)
+                        ctypes.cast(attrs, ctypes.POINTER(_LaunchAttribute)), nattrs)
     err = lib.cuLaunchKernelEx(ctypes.byref(cfg), func_ptr, params, None)
     if err != 0:
         name = ctypes.c_char_p()

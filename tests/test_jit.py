@@ -565,3 +565,23 @@ def test_pdl_only_on_compute_capability_9(monkeypatch):
     assert not any(uses_pdl(jit.ARCHS[k]) for k in ("75", "80", "86", "89"))
     monkeypatch.setenv("AWQ_CUPY_PDL", "0")
     assert not uses_pdl(jit.ARCHS["90"])
+
+
+def test_launch_attributes_have_the_driver_layout():
+    """cuLaunchKernelEx attributes: 4-byte id, padding, a 64-byte value union (CUDA 12+ driver headers); PDL is
+    id 6 with value 1, a cluster shape id 4 with three unsigned ints."""
+    import ctypes
+    import struct
+
+    assert ctypes.sizeof(jit._LaunchAttribute) == 72 and jit._LaunchAttribute.value.offset == 8
+
+    def value(a, fmt):   # the union's first bytes (a c_char array's .value stops at the first zero byte)
+        return struct.unpack(fmt, ctypes.string_at(ctypes.addressof(a) + 8, struct.calcsize(fmt)))
+
+    arr, n = jit._launch_attributes(True, None)
+    assert n == 1 and arr[0].id == 6 and value(arr[0], "<i") == (1,)
+    arr, n = jit._launch_attributes(False, (1, 4))
+    assert n == 1 and arr[0].id == 4 and value(arr[0], "<3I") == (1, 4, 1)
+    arr, n = jit._launch_attributes(True, (1, 8, 1))
+    assert n == 2 and [a.id for a in arr] == [6, 4] and value(arr[1], "<3I") == (1, 8, 1)
+    assert jit._launch_attributes(True, (1, 8, 1))[0] is arr   # built once per set
