@@ -446,18 +446,16 @@ class Kernel:
                 self._func.ptr, threads, smem))
         return n
 
-    def launch(self, grid: tuple, block: tuple, args: tuple, smem: int = 0, pdl: bool = False,
-               cluster: tuple | None = None) -> None:
+    def launch(self, grid: tuple, block: tuple, args: tuple, smem: int = 0, pdl: bool = False) -> None:
         """Launch on the caller's current CuPy stream. ``pdl``: with the programmatic-stream-serialization
-        attribute (sm_90+, kernels written for it: common.cuh pdl_wait / pdl_trigger); ``cluster``: as thread-block
-        clusters of these dimensions (sm_90+, each dividing the grid's); both through cuLaunchKernelEx."""
+        attribute (sm_90+, kernels written for it: common.cuh pdl_wait / pdl_trigger), through cuLaunchKernelEx."""
         for a in args:  # CuPy passes Python ints as int64 and floats as float64: demand explicit widths
             if isinstance(a, (int, float, bool)):
                 raise TypeError(f"kernel {self.name}: scalar argument {a!r} must be a numpy scalar "
                                 f"(np.int32/np.float32/...), not a Python {type(a).__name__}")
         self._ensure_dynamic_smem(smem)
-        if pdl or cluster:
-            _launch_ex(self._func.ptr, tuple(grid), tuple(block), args, smem, pdl, cluster)
+        if pdl:
+            _launch_pdl(self._func.ptr, tuple(grid), tuple(block), args, smem)
             return
         # stream=None: CuPy launches on the current stream of the calling thread.
         self._func(tuple(grid), tuple(block), args, shared_mem=smem)
@@ -501,7 +499,8 @@ def _cuda_driver():
 
 
 def _launch_attributes(pdl: bool, cluster: tuple | None):
-    """(pointer, count) of the launch attributes for PDL and / or cluster dimensions, built once per set."""
+    """(array, count) of the launch attributes for PDL and / or cluster dimensions, built once per set (launches
+    use PDL alone; bench/cluster_occupancy.py asks for cluster shapes)."""
     key = (bool(pdl), tuple(cluster) if cluster else None)
     got = _attr_sets.get(key)
     if got is None:
@@ -539,12 +538,11 @@ def _arg_bits(a) -> int:
     return int(ptr)
 
 
-def _launch_ex(func_ptr: int, grid: tuple, block: tuple, args: tuple, smem: int, pdl: bool,
-               cluster: tuple | None) -> None:
+def _launch_pdl(func_ptr: int, grid: tuple, block: tuple, args: tuple, smem: int) -> None:
     import cupy
 
     lib = _cuda_driver()
-    attrs, nattrs = _launch_attributes(pdl, cluster)
+    attrs, nattrs = _launch_attributes(True, None)
     n = len(args)
     slots = (ctypes.c_uint64 * n)(*[_arg_bits(a) for a in args])
     base = ctypes.addressof(slots)

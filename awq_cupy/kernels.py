@@ -110,7 +110,7 @@ def gemm_wg_pend(token_blocks: int) -> int:
     return 3 if token_blocks >= 16 else 1
 
 
-def _wg_pends(shape) -> tuple:
+def gemm_wg_pends(shape) -> tuple:
     """PEND values instantiated for a wgmma shape: the default (None), and the two-per-SM one where it has one."""
     return (None,) + ((GEMM_WG_PEND_TWO_PER_SM[shape],) if shape in GEMM_WG_PEND_TWO_PER_SM else ())
 
@@ -135,7 +135,8 @@ def tile_x_variant(dtype: str) -> str:
 
 GEMM_WG = KernelFamily("gemm_wg", "gemm_wg.cu",
                        lambda arch: tuple(gemm_wg_variant(d, *s, ga, pend) for d in gemm_dtypes(arch)
-                                          for s in GEMM_WG_SHAPES for ga in (True, False) for pend in _wg_pends(s))
+                                          for s in GEMM_WG_SHAPES for ga in (True, False)
+                                          for pend in gemm_wg_pends(s))
                        + tuple(tile_x_variant(d) for d in gemm_dtypes(arch)),
                        hot=True, min_cc=90, arch_specific=True)
 

@@ -58,7 +58,7 @@ for _, kw in runs:
     kw = use_tile(kw)
     for M in sorted({m for ms in CASES.values() for m in ms}):
         nb, tw, depth = ops.gemm_shape_for(M, kw.get("tiles"), wgmma=True, depth=kw.get("depth"))
-        for pend in {kw.get("pend")} | set(kernels._wg_pends((nb, tw, depth))):
+        for pend in {kw.get("pend")} | set(kernels.gemm_wg_pends((nb, tw, depth))):
             needed.add(kernels.gemm_wg_variant("float16", nb, tw, depth, True, pend))
 fam = dataclasses.replace(kernels.GEMM_WG, variants=lambda arch: tuple(sorted(needed)))
 kernels.FAMILIES["gemm_wg"] = fam

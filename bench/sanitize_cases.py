@@ -42,7 +42,7 @@ for K, N, G, kinds in [(24, 8, -1, ("float16", "bfloat16")), (96, 72, 32, ("floa
             for wg in sorted({False, ops.has_wgmma(arch_of_device(w.device))}) if M > 8 else ():
                 for nb, tw, depth in (GEMM_WG_SHAPES if wg else GEMM_SHAPES):  # every GEMM variant of M's tile
                     if ops.gemm_token_tile(M, wg) == 8 * nb:
-                        pends = kernels._wg_pends((nb, tw, depth)) if wg else (None,)
+                        pends = kernels.gemm_wg_pends((nb, tw, depth)) if wg else (None,)
                         for splits, pend in itertools.product((1, min(3, w.KS)), pends):
                             y = cp.empty((M, N), dtype=x.dtype)
                             ops._launch_gemm(x, w, bias, y, M, kind, arch_of_device(w.device),

@@ -204,8 +204,8 @@ template <int N> AWQ_DEVICE void cp_async_wait() {
 
 // ------------------------------------------------------------------------------------------------------------
 // Bulk copies (sm_90, PTX "cp.async.bulk") counted on mbarriers: one thread announces the bytes of a phase
-// (arrive.expect_tx) and issues the copies; readers wait for the phase's parity. Used by the wgmma GEMM (x
-// tiles) and the GEMV (weight ring).
+// (arrive.expect_tx) and issues the copies; readers wait for the phase's parity. Used by the wgmma GEMM (its
+// x tiles).
 // ------------------------------------------------------------------------------------------------------------
 #if AWQ_CUPY_CC >= 900
 AWQ_DEVICE void mbar_init(u32 bar, u32 count) {
