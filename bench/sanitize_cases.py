@@ -48,5 +48,9 @@ for K, N, G, kinds in [(24, 8, -1, ("float16", "bfloat16")), (96, 72, 32, ("floa
                             ops._launch_gemm(x, w, bias, y, M, kind, arch_of_device(w.device),
                                              ops._sm_count(w.device), False, tiles=tw, splits=splits, wgmma=wg,
                                              depth=depth, pend=pend)
+            for cols in kernels.REDUCE_COLUMNS if M > 8 else ():   # the split-K reduce's 2, 4, 8 columns per thread
+                y = cp.empty((M, N), dtype=x.dtype)
+                ops._launch_gemm(x, w, bias, y, M, kind, arch_of_device(w.device), ops._sm_count(w.device), False,
+                                 splits=min(5, w.KS), wgmma=False, reduce_cols=cols)
 cp.cuda.Device().synchronize()
 print("sanitize cases done")

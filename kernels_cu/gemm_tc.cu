@@ -15,31 +15,69 @@
 #include "gemm_units.cuh"
 
 
-// y[m, n] = T(sum over splits of ws[s, m, n] (in split order) + bias[n]); two columns per thread.
-template <typename T>
-__global__ void awq_splitk_reduce_kernel(
+// y[m, n] = T(sum over splits of ws[s, m, n] (in split order) + bias[n]); C = 2, 4 or 8 columns per thread
+// (N % 8 == 0: AWQ packs eight channels per word; the launch picks C from the output size). A thread requests
+// the C columns of up to RS splits at once and then adds them in split order (the first version loaded one pair
+// per split and added it before the next load: a chain of L2 round trips per thread, bench/NOTES.md v22).
+template <typename T, int C>
+__global__ void __launch_bounds__(256) awq_splitk_reduce_kernel(
     const float* __restrict__ ws,  // [splits, M, Np]
     const T* __restrict__ bias,    // [N] or nullptr
     T* __restrict__ y,             // [M, N]
     int M, int N, int Np, int splits) {
+  static_assert(C == 2 || C == 4 || C == 8, "2, 4 or 8 columns per thread");
+  constexpr int RS = 16 / C;      // splits requested together: 64 bytes per thread
+  constexpr int V = C / 2;        // float2 per split
   pdl_trigger();
   pdl_wait();   // the partials come from the GEMM launched just before
-  const long long pairs = (long long)M * (N / 2);
-  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < pairs;
+  const int nc = N / C;
+  const long long items = (long long)M * nc;
+  const long long split_stride = (long long)M * Np;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < items;
        i += (long long)gridDim.x * blockDim.x) {
-    const int m = (int)(i / (N / 2));
-    const int n = 2 * (int)(i - (long long)m * (N / 2));
-    float v0 = 0.f, v1 = 0.f;
-    for (int s = 0; s < splits; ++s) {
-      const float2 p = *reinterpret_cast<const float2*>(ws + ((long long)s * M + m) * Np + n);
-      v0 += p.x;
-      v1 += p.y;
+    const int m = (int)(i / nc);
+    const int n = C * (int)(i - (long long)m * nc);
+    const float* src = ws + (long long)m * Np + n;
+    float v[C];
+#pragma unroll
+    for (int e = 0; e < C; ++e) v[e] = 0.f;
+    for (int s0 = 0; s0 < splits; s0 += RS) {
+      float2 p[RS][V];
+#pragma unroll
+      for (int j = 0; j < RS; ++j)
+        if (s0 + j < splits) {
+          const float* q = src + (s0 + j) * split_stride;
+          if constexpr (C == 2) {
+            p[j][0] = __ldcs(reinterpret_cast<const float2*>(q));
+          } else {
+#pragma unroll
+            for (int h = 0; h < V / 2; ++h) {
+              const float4 f = __ldcs(reinterpret_cast<const float4*>(q) + h);
+              p[j][2 * h] = make_float2(f.x, f.y);
+              p[j][2 * h + 1] = make_float2(f.z, f.w);
+            }
+          }
+        }
+#pragma unroll
+      for (int j = 0; j < RS; ++j)
+        if (s0 + j < splits)
+#pragma unroll
+          for (int h = 0; h < V; ++h) {
+            v[2 * h] += p[j][h].x;
+            v[2 * h + 1] += p[j][h].y;
+          }
     }
     if (bias != nullptr) {
-      v0 += Traits<T>::to_float(bias[n]);
-      v1 += Traits<T>::to_float(bias[n + 1]);
+#pragma unroll
+      for (int e = 0; e < C; ++e) v[e] += Traits<T>::to_float(bias[n + e]);
     }
-    *reinterpret_cast<u32*>(y + (long long)m * N + n) = pack2<T>(v0, v1);
+    u32 out[V];
+#pragma unroll
+    for (int h = 0; h < V; ++h) out[h] = pack2<T>(v[2 * h], v[2 * h + 1]);
+    T* dst = y + (long long)m * N + n;
+    if constexpr (C == 8) *reinterpret_cast<uint4*>(dst) = make_uint4(out[0], out[1], out[2], out[3]);
+    else if constexpr (C == 4) *reinterpret_cast<uint2*>(dst) = make_uint2(out[0], out[1]);
+    else *reinterpret_cast<u32*>(dst) = out[0];
   }
 }
 

@@ -293,9 +293,9 @@ def test_gemv_is_deterministic_and_rows_are_independent(rng):
 # ---------------------------------------------------------------------------------------------------------------
 # The swapped GEMM (M > 12): every variant, forced split counts, awkward shapes
 # ---------------------------------------------------------------------------------------------------------------
-def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False, pend=None):
-    """Run the GEMM (the wgmma or the mma.sync kernel) with ``tiles`` column blocks per warp (and ``splits``, and
-    the wgmma kernel's ``pend``)."""
+def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False, pend=None, reduce_cols=None):
+    """Run the GEMM (the wgmma or the mma.sync kernel) with ``tiles`` column blocks per warp (and ``splits``, the
+    wgmma kernel's ``pend``, the split-K reduce kernel's columns per thread)."""
     from awq_cupy import ops
     from awq_cupy.jit import arch_of_device
 
@@ -304,7 +304,7 @@ def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False, pend=None):
     y = cp.full((M, w.N), np.nan, dtype=xg.dtype)
     b = cp.asarray(bias) if bias is not None else ops._NULL
     ops._launch_gemm(xg, w, b, y, M, w.dtype, arch_of_device(w.device), ops._sm_count(w.device), False,
-                     tiles=tiles, splits=splits, wgmma=wgmma, pend=pend)
+                     tiles=tiles, splits=splits, wgmma=wgmma, pend=pend, reduce_cols=reduce_cols)
     return y.get()
 
 
@@ -373,6 +373,27 @@ def test_gemm_is_deterministic_and_split_count_only_matters(rng, path):
             what = f"{path} M={M} shape={(nb, tw)}"
             np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=f"run to run {what}")
             np.testing.assert_array_equal(a[:13].view(np.uint16), ref.view(np.uint16), err_msg=f"rows {what}")
+
+
+def test_splitk_reduce_columns_per_thread_give_the_same_bits(rng):
+    """The split-K reduce kernel's 2-, 4- and 8-column variants add the splits in the same order: bitwise the same
+    y for split counts below, at and above the splits one thread requests at once (8, 4, 2), with a bias, an odd
+    M and N not a multiple of 16; and close to the reference."""
+    from awq_cupy.kernels import REDUCE_COLUMNS
+
+    for K, N, G, kind in ((4096, 136, 128, "float16"), (2048, 520, 64, "bfloat16")):
+        Q, Z, S, G = random_layer(rng, K, N, G)
+        w = _weight(Q, Z, S, G, kind)
+        bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
+        for M in (19, 61):
+            x = random_x(rng, M, K, kind)
+            for splits in (2, 3, 5, 9, 17):
+                ys = [_gemm(x, w, 2, splits, bias, reduce_cols=c) for c in REDUCE_COLUMNS]
+                what = f"{K}x{N} M={M} splits={splits} {kind}"
+                for c, y in zip(REDUCE_COLUMNS[1:], ys[1:]):
+                    np.testing.assert_array_equal(y.view(np.uint16), ys[0].view(np.uint16),
+                                                  err_msg=f"{c} columns per thread, {what}")
+                assert_matmul_close(ys[0], x, kernel_weight(Q, Z, S, G, kind), kind, bias=bias, what=what)
 
 
 def test_wgmma_two_ctas_per_sm_variant_gives_the_same_bits(rng):
