@@ -156,29 +156,36 @@ _MIN_STAGES_PER_SPLIT = 4    # each split gets at least 4 x 64 k (default of pla
 
 
 # Split-K cost model (H200, 2026-11-30): units per CTA x the kernel's unit time (``stage_us``) x the load of the
-# busiest SM, plus each split's fp32 partials (8 bytes per output at ~3 TB/s) and ~3 us for the reduce kernel.
-# The unit time of the v1 GEMM was ~1.75 us whatever the m-block count (latency-bound); the v12 kernels pass their
-# own (_unit_us). CTAs sharing an SM each run slower: k co-resident CTAs take 1 + _SHARE x (k - 1) times as long
-# as one alone (fitted to the v14 sweeps, results/h200_gemm_sweep_v14.txt: Mistral-7B o at M = 128 with two CTAs
-# per SM, 4 splits = 128 CTAs on 132 SMs 20.4 us, 5 splits = 160 CTAs 23.3 us, 8 splits 21.6 us; counting the
-# two resident CTAs as independent slots, as before, picked 5).
-_STAGE_US, _PARTIAL_TBPS, _REDUCE_US, _SHARE = 1.75, 3.0, 3.0, 0.3
+# busiest SM, plus each split's fp32 partials (8 bytes per output at _PARTIAL_TBPS) and _REDUCE_US for the reduce
+# kernel. The unit time of the v1 GEMM was ~1.75 us whatever the m-block count (latency-bound); the v12 kernels
+# pass their own (_unit_us). CTAs sharing an SM each run slower: k co-resident CTAs take 1 + share x (k - 1) times
+# as long as one alone. For the mma.sync GEMM share = _SHARE (fitted to the v14 sweeps,
+# results/h200_gemm_sweep_v14.txt: Mistral-7B o at M = 128 with two CTAs per SM, 4 splits = 128 CTAs on 132 SMs
+# 20.4 us, 5 splits = 160 CTAs 23.3 us, 8 splits 21.6 us; counting the two resident CTAs as independent slots, as
+# before, picked 5). The wgmma GEMM's constants (_WG_UNIT_US, _WG_SHARE) and the partials / reduce terms were
+# refitted in v22 (bench/NOTES.md; results/h200_gemm_ab_splits_v22.txt: o, qkv and down at M = 32..128 with 2..16
+# splits, after the reduce kernel got faster): the summed regret of the planned split against the best measured
+# one fell from 9.3 to 1.3 us over those 15 cases (o at M = 48 and 64 took 4 splits, 15.7 / 16.3 us, where 8 run
+# in 11.9 / 12.8).
+_STAGE_US, _PARTIAL_TBPS, _REDUCE_US, _SHARE = 1.75, 4.0, 4.0, 0.3
+_WG_UNIT_US, _WG_SHARE = 0.5, 0.1
 
 
 def plan_splits(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: int = 1, Np: int = 64,
-                stage_us: float = _STAGE_US, min_per: int = _MIN_STAGES_PER_SPLIT, per_sm: int = 1) -> tuple[int, int]:
+                stage_us: float = _STAGE_US, min_per: int = _MIN_STAGES_PER_SPLIT, per_sm: int = 1,
+                share: float = _SHARE) -> tuple[int, int]:
     """(splits, stages_per_split) for a grid of n_ctas x m_tiles CTAs over K_stages 64-k stages, when the GPU
     holds ``resident`` CTAs at once, ``per_sm`` on each SM: the split count with the least modelled time (stages
     per CTA x stage time x the busiest SM's load, plus the partial sums' traffic and the reduce kernel when
     split); at least ``min_per`` stages per split."""
     return split_cost(K_stages, n_ctas, m_tiles, resident=resident, M=M, Np=Np, stage_us=stage_us, min_per=min_per,
-                      per_sm=per_sm)[1:]
+                      per_sm=per_sm, share=share)[1:]
 
 
 @functools.lru_cache(maxsize=4096)
 def split_cost(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: int = 1, Np: int = 64,
                stage_us: float = _STAGE_US, min_per: int = _MIN_STAGES_PER_SPLIT,
-               per_sm: int = 1) -> tuple[float, int, int]:
+               per_sm: int = 1, share: float = _SHARE) -> tuple[float, int, int]:
     """(modelled us, splits, stages per split) of ``plan_splits``' choice. Memoised: the search over split counts
     costs ~50 us of host time, and ``matmul`` asks for the same shapes call after call."""
     base = n_ctas * m_tiles
@@ -191,9 +198,9 @@ def split_cost(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: in
         ctas = base * real
         k = -(-ctas // sms)                     # CTAs the busiest SM runs over the whole grid
         if k <= per_sm:                         # all resident at once, k of them sharing that SM
-            t = per * stage_us * (1 + _SHARE * (k - 1))
+            t = per * stage_us * (1 + share * (k - 1))
         else:                                   # waves of full SMs
-            t = -(-ctas // resident) * per * stage_us * (1 + _SHARE * (per_sm - 1))
+            t = -(-ctas // resident) * per * stage_us * (1 + share * (per_sm - 1))
         if real > 1:
             t += real * M * Np * 8 / (_PARTIAL_TBPS * 1e6) + _REDUCE_US
         if best is None or t < best[0] - 1e-9:
@@ -438,13 +445,17 @@ def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count, tiles=None, warps=None,
 # (kernels_cu/gemm_tc.cu awq_gemm_sw_kernel)
 # ----------------------------------------------------------------------------------------------------------------
 def _unit_us(token_blocks: int, tiles: int, wgmma: bool) -> float:
-    """Modelled time of one 64-k unit of one GEMM CTA on the H200: the larger of its weight stream (8 warps x tiles
-    x 512 B at ~27 GB/s per SM) and its tensor work (2 x 128 tiles channels x 8 token blocks tokens x 64 k at the
-    measured ~2.5 TFLOP/s per SM of the mma.sync kernel, ~5.3 with wgmma), plus a fixed ~0.1 us (barrier, first
-    latency)."""
+    """Modelled time of one 64-k unit of one GEMM CTA on the H200 (running alone on its SM).
+    wgmma (v22 fit): the larger of a ~0.5 us floor (the unit's barrier, x copy and first weight latency) and its
+    tensor work, 0.78 us for the 256-token tile with one block per warp (dispatch row fused_unit_us), in proportion
+    to tokens x blocks per warp. mma.sync (v12): the larger of its weight stream (8 warps x tiles x 512 B at ~27 GB/s
+    per SM) and its tensor work (2 x 128 tiles channels x 8 token blocks tokens x 64 k at the measured ~2.5 TFLOP/s
+    per SM), plus a fixed ~0.1 us (barrier, first latency)."""
+    if wgmma:
+        return max(_WG_UNIT_US, 0.78 * token_blocks * tiles / 32)
     mem = 8 * tiles * 512 / 27e3
     flops = 2 * 128 * tiles * 8 * token_blocks * 64
-    return max(mem, flops / (5.3e6 if wgmma else 2.5e6)) + 0.1
+    return max(mem, flops / 2.5e6) + 0.1
 
 
 def has_wgmma(arch) -> bool:
@@ -509,6 +520,7 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
     n_ctas = -(-NT16 // (GEMM_WARPS * tw))
     m_tiles = -(-M // (8 * nb))
     res = sm_count if resident is None else resident
+    share = _WG_SHARE if wgmma else _SHARE
     if splits is not None:
         if not 1 <= splits <= KS:
             raise ValueError(f"splits={splits} must be 1 to {KS} (the 64-k units of K={K})")
@@ -517,10 +529,11 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
     elif batch_invariant:   # planned as for the smallest token tile, whatever M and this M's shape are
         nb1, tw1, _ = gemm_shape_for(1, wgmma=wgmma)
         splits, per = plan_splits(KS, -(-NT16 // (GEMM_WARPS * tw1)), 1, resident=res, M=8 * nb1, Np=Np,
-                                  stage_us=_unit_us(nb1, tw1, wgmma), min_per=2, per_sm=res // sm_count)
+                                  stage_us=_unit_us(nb1, tw1, wgmma), min_per=2, per_sm=res // sm_count,
+                                  share=share)
     else:
         splits, per = plan_splits(KS, n_ctas, m_tiles, resident=res, M=M, Np=Np, stage_us=_unit_us(nb, tw, wgmma),
-                                  min_per=2, per_sm=res // sm_count)
+                                  min_per=2, per_sm=res // sm_count, share=share)
     NG = max(1, K // group_size)
     smem = gemm_wg_smem_bytes(nb) if wgmma else gemm_sw_smem_bytes(nb)
     return dict(token_blocks=nb, tiles=tw, depth=depth, aligned=group_size % 64 == 0 or NG == 1,

@@ -2,7 +2,7 @@
 `python -m awq_cupy bench` (queue preloaded, weights rotated). Usage:
     python3 bench/gemv_sweep.py [M=1,8,...] [nb,tiles,batch,warps ...]
 (default M 1,8; default plans: every instantiated (token blocks, tiles) at its table batch and 16 / 12 / 8 warps).
-Plans outside the kernel table are compiled for this run (fp16, groups of whole 64-k units). Every plan's output is
+Plans (and shapes) outside the kernel table are compiled for this run (fp16, groups of whole 64-k units). Every plan's output is
 checked against the default plan's before it is timed. For M > 8 the fused GEMM's planned launch is timed too
 (the dispatch crossover). Prints the plans per (layer, M), best first, and the sums of the best GEMV plan and of
 the GEMM. GEMV_SWEEP_NOCHECK=1 skips the output check (timing probes of deliberately wrong kernels).
@@ -27,6 +27,10 @@ plans = [tuple(int(v) for v in a.split(",")) for a in args]
 if not plans:
     plans = [(nb, tw, kernels.gemv_batch_warps(nb, tw, arch)[0], w) for nb, tw in kernels.GEMV_SHAPES
              for w in (16, 12, 8) if w <= kernels.gemv_max_warps(nb, tw, arch)]
+for nb, tw, b, w in plans:   # a (token blocks, tiles) shape outside the table: added for this run
+    if (nb, tw) not in kernels.GEMV_SHAPES:
+        kernels.GEMV_SHAPES += ((nb, tw),)
+        kernels.GEMV_PLANS[(nb, tw)] = (b, w)
 extra = tuple(kernels.gemv_variant("float16", nb, tw, True, b, w) for nb, tw, b, w in plans
               if (b, w) != kernels.gemv_batch_warps(nb, tw, arch))
 if extra:
