@@ -65,25 +65,17 @@ GEMM_TC = KernelFamily("gemm_tc", "gemm_tc.cu", _gemm_variants, hot=True)
 
 # Swapped-operand tensor-core GEMV for M <= 16 (kernels_cu/gemv_tc.cu): token blocks of 8 per mma (NB), column
 # groups of TW 16-column blocks per warp unit, one or two scale groups per 64-k unit (GA: groups span whole 64-k
-# blocks, or there is one group); weights, scales, zeros and x^T in registers, two batches of B units. One CTA per
-# SM of at most WMAX warps (registers: two batches of B units each).
+# blocks, or there is one group), one unit loaded ahead in registers. One CTA per SM of up to 16 warps (12 when
+# TW * NB >= 4: registers).
 GEMV_TOKEN_BLOCKS = (1, 2)
 GEMV_SHAPES = ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2))   # (token blocks, tiles) pairs instantiated
-# (token blocks, tiles) -> (units per register batch B, warps per CTA WMAX), from the H200 sweep of v22
-# (bench/NOTES.md; bench/results/h200_gemv_sweep_v22.txt). sm_75 keeps one-unit batches: its 384-thread variants
-# spill with more registers.
-GEMV_PLANS = {(1, 1): (1, 16), (1, 2): (2, 12), (1, 4): (2, 8), (2, 1): (2, 12), (2, 2): (2, 8)}
-GEMV_PLANS_SM75 = {(1, 1): (1, 16), (1, 2): (1, 16), (1, 4): (1, 8), (2, 1): (1, 16), (2, 2): (1, 8)}
-
-
-def gemv_batch_warps(token_blocks: int, tiles: int, arch: Arch) -> tuple[int, int]:
-    """(units per register batch, warps per CTA) the variant is compiled for on ``arch``."""
-    return (GEMV_PLANS_SM75 if arch.cc < 80 else GEMV_PLANS)[(token_blocks, tiles)]
 
 
 def gemv_max_warps(token_blocks: int, tiles: int, arch: Arch) -> int:
-    """Warps per CTA the variant is compiled for (its launch bound)."""
-    return gemv_batch_warps(token_blocks, tiles, arch)[1]
+    """Warps per CTA the variant is compiled for (``awq_gemv::Bounds`` in the kernel)."""
+    if tiles * token_blocks >= 4:
+        return 8 if arch.cc < 80 else 12
+    return 16
 
 
 def gemv_smem_bytes(warps: int, token_blocks: int, tiles: int) -> int:
@@ -91,15 +83,13 @@ def gemv_smem_bytes(warps: int, token_blocks: int, tiles: int) -> int:
     return 2 * warps * 32 * tiles * token_blocks * 4 * 4
 
 
-def gemv_variant(dtype: str, token_blocks: int, tiles: int, aligned: bool, batch: int, warps: int) -> str:
-    return (f"awq_gemv_tc_kernel<{CTYPE[dtype]}, {token_blocks}, {tiles}, {'true' if aligned else 'false'}, "
-            f"{batch}, {warps}>")
+def gemv_variant(dtype: str, token_blocks: int, tiles: int, aligned: bool) -> str:
+    return f"awq_gemv_tc_kernel<{CTYPE[dtype]}, {token_blocks}, {tiles}, {'true' if aligned else 'false'}>"
 
 
 GEMV_TC = KernelFamily("gemv_tc", "gemv_tc.cu",
-                       lambda arch: tuple(gemv_variant(d, nb, tw, ga, *gemv_batch_warps(nb, tw, arch))
-                                          for d in gemm_dtypes(arch) for nb, tw in GEMV_SHAPES
-                                          for ga in (True, False)),
+                       lambda arch: tuple(gemv_variant(d, nb, tw, ga) for d in gemm_dtypes(arch)
+                                          for nb, tw in GEMV_SHAPES for ga in (True, False)),
                        hot=True)
 
 # Hopper warpgroup-MMA GEMM (kernels_cu/gemm_wg.cu, sm_90a only): (token blocks of 8 = wgmma N / 8, 16-column

@@ -365,29 +365,25 @@ def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> boo
 
 
 def gemv_tiles_for(M: int, NT16: int, grid: int) -> int:
-    """16-column blocks per GEMV warp unit. A CTA's blocks are taken ``tiles`` at a time, and a unit of a column
-    group that is not full costs a full unit's round trip: the choice that leaves the fewest empty block slots in
-    the CTA with the most blocks, fours on a tie (fewer, larger units). Two token blocks take at most pairs; a CTA
-    with one block takes single blocks. From the H200 sweep (bench/NOTES.md v22): Mistral-7B at M = 1, qkv (3
-    blocks per CTA) 7.4 us with fours against 7.8 with pairs; gate_up (14) 20.9 with pairs against 21.4."""
+    """16-column blocks per GEMV warp unit, from the H200 sweep (bench/gemv_sweep.py, bench/NOTES.md v16): up to
+    8 tokens four blocks (12 warps) once a CTA has three or more blocks, else pairs (16 warps); pairs (12 warps)
+    with two token blocks; single blocks when a CTA has only one."""
     most = -(-NT16 // grid)
     if most < 2:
         return 1
     if M > 8:
         return 2
-    return 4 if -(-most // 4) * 4 <= -(-most // 2) * 2 else 2
+    return 4 if most >= 3 else 2
 
 
 def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: int = 132,
-              tiles: int | None = None, warps: int | None = None, batch: int | None = None) -> dict:
+              tiles: int | None = None, warps: int | None = None) -> dict:
     """Launch plan of the GEMV for M <= 16 tokens on ``arch`` (a jit.Arch; default sm_90): dict(token_blocks,
-    tiles, aligned, grid, batch, max_warps, warps, smem, NT16). One CTA per SM (at most one per 16-column block)
-    of the variant's warp count. ``tiles`` (blocks per warp unit) defaults to ``gemv_tiles_for``; ``warps``
-    overrides the warp count (for tuning); ``batch`` (for tuning) takes the variant with that many units per
-    register batch compiled for ``warps`` warps, which the kernel table must then instantiate. The plan depends on
-    (M, K, N, G) and the GPU, and so does the summation order."""
+    tiles, aligned, grid, warps, smem, NT16). One CTA per SM (at most one per 16-column block) of the variant's
+    warp count. ``tiles`` (blocks per warp unit) defaults to ``gemv_tiles_for``; ``warps`` overrides the warp
+    count (for tuning). The plan depends on (M, K, N, G) and the GPU, and so does the summation order."""
     from .jit import ARCHS
-    from .kernels import GEMV_SHAPES, GEMV_TOKEN_BLOCKS, gemv_batch_warps, gemv_smem_bytes
+    from .kernels import GEMV_SHAPES, GEMV_TOKEN_BLOCKS, gemv_max_warps, gemv_smem_bytes
     from .layout import padded_sizes
 
     arch = ARCHS["90"] if arch is None else arch
@@ -401,18 +397,13 @@ def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: i
     if (nb, tw) not in GEMV_SHAPES:
         raise ValueError(f"tiles={tw} is not a GEMV variant for M={M}; instantiated (token blocks, tiles): "
                          f"{GEMV_SHAPES}")
-    if batch is None:
-        batch, most = gemv_batch_warps(nb, tw, arch)
-    elif batch < 1 or warps is None:
-        raise ValueError(f"batch={batch} needs batch >= 1 and an explicit warps count")
-    else:
-        most = warps
+    most = gemv_max_warps(nb, tw, arch)
     w = most if warps is None else warps
     if not 1 <= w <= most:
         raise ValueError(f"warps={warps}: the GEMV variant for M={M}, tiles={tw} runs 1 to {most} warps per CTA")
     NG = max(1, K // group_size)
     return dict(token_blocks=nb, tiles=tw, aligned=group_size % 64 == 0 or NG == 1, grid=grid, NT16=NT16,
-                batch=batch, max_warps=most, warps=w, smem=gemv_smem_bytes(w, nb, tw))
+                warps=w, smem=gemv_smem_bytes(w, nb, tw))
 
 
 def uses_pdl(arch) -> bool:
@@ -426,14 +417,13 @@ def uses_pdl(arch) -> bool:
     return arch.cc >= 90 and os.environ.get("AWQ_CUPY_PDL", "1") != "0"
 
 
-def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count, tiles=None, warps=None, batch=None):
+def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count, tiles=None, warps=None):
     from .jit import arch_of_device
     from .kernels import gemv_variant, kernel
 
     arch = arch_of_device(w.device)
-    p = plan_gemv(M, w.K, w.N, w.group_size, arch=arch, sm_count=sm_count, tiles=tiles, warps=warps, batch=batch)
-    k = kernel("gemv_tc", gemv_variant(kind, p["token_blocks"], p["tiles"], p["aligned"], p["batch"],
-                                       p["max_warps"]), w.device)
+    p = plan_gemv(M, w.K, w.N, w.group_size, arch=arch, sm_count=sm_count, tiles=tiles, warps=warps)
+    k = kernel("gemv_tc", gemv_variant(kind, p["token_blocks"], p["tiles"], p["aligned"]), w.device)
     k.launch((p["grid"],), (32 * p["warps"],),
              (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(w.K),
               as_i32(p["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(w.NT * 64)),

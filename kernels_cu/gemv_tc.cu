@@ -23,23 +23,29 @@
 //   the ends of each run) leaves fp32 partials in shared memory; after one block barrier, the warp in which
 //   the group starts adds them in warp order and writes y. The summation order depends on (K, N, G), the GPU
 //   and the launch plan, never on timing, so results are bitwise reproducible run to run.
-// Memory pipeline: plain 16-byte loads into registers, in batches of B units (TW weight words with the streaming
-// cache hint, the scale/zero words of their blocks, and the x^T fragments of their 64 k), two batches live: the
-// next batch is requested right after the first use of the current one (see the loop for why), so B units per
-// warp are in flight while the previous batch is decoded and multiplied. On the H200 plain loads reach 3.7 TB/s
-// with 2 KB in flight per warp, where a cp.async shared-memory ring of any depth stayed at 1.6-3.5 TB/s and a
-// bulk-copy ring of 512-byte copies was slower still (bench/NOTES.md, v10, v14, bench/stream_probe.py). x is read
-// through L1 (every warp of the CTA reads the same rows).
+// Memory pipeline: plain 16-byte loads into registers, one or two units ahead: while a warp decodes and
+// multiplies unit u, the loads of the next units (TW weight words with the streaming cache hint, the scale/zero
+// words of their blocks, and the x^T fragments of their 64 k) are in flight. On the H200 this reaches 3.7 TB/s with 2 KB in
+// flight per warp, where a cp.async shared-memory ring of any depth stayed at 1.6-3.5 TB/s (bench/NOTES.md, v10,
+// bench/stream_probe.py). x is read through L1 (every warp of the CTA reads the same rows).
 // Math: the weights enter the mma as exact (q - z); each group's fp32 sum is multiplied by the channel's scale
 // at the group's end, once per group (GA: groups of whole 64-k blocks, or one group) or per 32 k (G % 64 == 32).
-// Variants: T x (NB, TW) x GA x (B, WMAX) (table: awq_cupy/kernels.py); the warps per CTA (at most WMAX) are a
-// launch parameter.
+// Variants: T x (NB, TW) x GA (table: awq_cupy/kernels.py); W (warps per CTA) is a launch parameter.
 // Launched by awq_cupy.matmul.
 #include "common.cuh"
 
-// B: units per register batch; WMAX: the most warps per CTA it is compiled for (the launch may use fewer).
-template <typename T, int NB, int TW, bool GA, int B, int WMAX>
-__global__ void __launch_bounds__(32 * WMAX, 1) awq_gemv_tc_kernel(
+namespace awq_gemv {
+// Threads per CTA the kernel is compiled for (registers: the one-unit-ahead pipeline of 4 blocks needs ~160).
+// sm_75 has fewer registers per thread at 384 threads than this variant needs without spilling.
+template <int NB, int TW, bool GA> struct Bounds {
+  static constexpr int threads = (TW * NB >= 4) ? (AWQ_CUPY_CC < 800 ? 256 : 384) : 512;
+  // units in registers (S - 1 loading ahead); two scale groups per unit cost too many registers for three
+  static constexpr int stages = (NB == 1 && (TW == 1 || (TW == 2 && GA))) ? 3 : 2;
+};
+}  // namespace awq_gemv
+
+template <typename T, int NB, int TW, bool GA>
+__global__ void __launch_bounds__(awq_gemv::Bounds<NB, TW, GA>::threads, 1) awq_gemv_tc_kernel(
     const T* __restrict__ x,          // [M, K] activations
     const uint4* __restrict__ qtiles, // [NT16][KS][32] weight blocks
     const u32* __restrict__ scales,   // [NG, Np] permuted scales, as u32 pairs
@@ -185,7 +191,7 @@ __global__ void __launch_bounds__(32 * WMAX, 1) awq_gemv_tc_kernel(
   int g_left = NG == 1 ? KS - c_ks : upg - c_ks % upg;
 
   // Decode + multiply one unit, then the group / segment bookkeeping.
-  auto compute = [&](const Stage& st, int it, auto&& after_first) {
+  auto compute = [&](const Stage& st, int it) {
     const bool seg_end = c_ks + 1 == KS || it + 1 == run;
     auto flush = [&](int h) {   // acc += s * accg per channel; accg = 0
 #pragma unroll
@@ -216,7 +222,6 @@ __global__ void __launch_bounds__(32 * WMAX, 1) awq_gemv_tc_kernel(
 #pragma unroll
           for (int nb = 0; nb < NB; ++nb) mma_16816<T>(accg[i][nb], a, st.xb[nb][2 * t], st.xb[nb][2 * t + 1]);
         }
-        if (t == 0) after_first();
       }
       if (!GA) flush(h);                           // two groups per unit: each half is its own group
     }
@@ -243,42 +248,30 @@ __global__ void __launch_bounds__(32 * WMAX, 1) awq_gemv_tc_kernel(
     }
   };
 
-  // Two batches of B units in registers. The next batch is requested right after the first use of the current
-  // one: ptxas counts all these loads on one scoreboard and its first use of a unit waits for every load then
-  // outstanding, so loads issued before that use would be waited for too (a full memory latency per unit; see
-  // the wgmma GEMM, bench/NOTES.md v20). This way each wait covers loads issued a batch of units earlier, and B
-  // units per warp are in flight while the previous batch is computed.
-  static_assert(B >= 1, "at least one unit per batch");
-  Stage sb[2][B];
-  // Prologue: the first batch's weights are requested before the previous kernel of the stream has finished
+  // S stages in registers: the loads of S - 1 units are in flight while one is computed (S = 3 where the
+  // registers allow it under the launch bound, else 2).
+  constexpr int S = awq_gemv::Bounds<NB, TW, GA>::stages;
+  Stage st[S];
+  // Prologue: the first units' weights are requested before the previous kernel of the stream has finished
   // (programmatic dependent launch, common.cuh); x only after pdl_wait().
-  int pk[B];
+  int pk[S - 1];
 #pragma unroll
-  for (int j = 0; j < B; ++j)
+  for (int j = 0; j < S - 1; ++j)
     if (j < run) {
       pk[j] = 64 * l_ks;
-      load(sb[0][j], false);
+      load(st[j], false);
     }
   pdl_wait();
 #pragma unroll
-  for (int j = 0; j < B; ++j)
-    if (j < run) load_x(sb[0][j], pk[j]);
-  for (int it = 0; it < run; it += 2 * B) {
+  for (int j = 0; j < S - 1; ++j)
+    if (j < run) load_x(st[j], pk[j]);
+  for (int it = 0; it < run; it += S) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int j = 0; j < B; ++j) {
-        const int u = it + h * B + j;
-        if (u >= run) break;
-        compute(sb[h][j], u, [&]() {
-          if (j == 0) {
-            asm volatile("" ::: "memory");   // keep the next batch's loads after this first use
-#pragma unroll
-            for (int jj = 0; jj < B; ++jj)
-              if (u + B + jj < run) load(sb[h ^ 1][jj], true);
-          }
-        });
-      }
+    for (int j = 0; j < S; ++j) {
+      if (it + j >= run) break;
+      if (it + j + S - 1 < run) load(st[(j + S - 1) % S], true);
+      compute(st[j], it + j);
+    }
   }
   __syncthreads();
 
