@@ -230,6 +230,23 @@ def test_gemm_splits_count_co_resident_ctas_as_sharing_an_sm():
                        min_per=2)[0] == 8
 
 
+def test_reduce_columns_keep_enough_blocks_per_sm():
+    """8 columns per thread while that leaves four 256-thread blocks per SM, 4 while it leaves two, else 2; always a
+    divisor of N (N % 8 == 0 for every AWQ layout)."""
+    from awq_cupy.ops import reduce_columns
+
+    assert reduce_columns(256, 6144, 132) == 8      # qkv at M = 256: 196608 items of 8, 5.8 blocks per SM
+    assert reduce_columns(256, 4096, 132) == 4      # o / down at M = 256: 3.9 blocks per SM with 8, 7.8 with 4
+    assert reduce_columns(512, 4096, 132) == 8
+    assert reduce_columns(64, 4096, 132) == 2       # 1.9 blocks per SM with 4 columns
+    assert reduce_columns(128, 4096, 132) == 4
+    assert reduce_columns(1, 8, 132) == 2
+    assert reduce_columns(256, 4096, 16) == 8       # a small GPU fills with fewer threads
+    for M in (1, 3, 64, 257, 4096):
+        for N in (8, 136, 4096, 28672):
+            assert N % reduce_columns(M, N, 132) == 0
+
+
 # H200, v22 (bench/results/h200_gemm_ab_splits_v22.txt): the wgmma GEMM on Mistral-7B's split layers, us per call
 # for forced split counts; the planner's own choice of that run is measured as "base" and listed under its count.
 _H200_SPLITS_V22 = {
