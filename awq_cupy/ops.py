@@ -168,7 +168,9 @@ _MIN_STAGES_PER_SPLIT = 4    # each split gets at least 4 x 64 k (default of pla
 # one fell from 9.3 to 1.3 us over those 15 cases (o at M = 48 and 64 took 4 splits, 15.7 / 16.3 us, where 8 run
 # in 11.9 / 12.8).
 _STAGE_US, _PARTIAL_TBPS, _REDUCE_US, _SHARE = 1.75, 4.0, 4.0, 0.3
-_WG_UNIT_US, _WG_SHARE = 0.5, 0.1
+# wgmma: a unit's floor, the 256-token tile's unit with one block per warp (as the dispatch row's fused_unit_us),
+# the co-residence share
+_WG_UNIT_US, _WG_UNIT_US_256, _WG_SHARE = 0.5, 0.78, 0.1
 
 
 def plan_splits(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: int = 1, Np: int = 64,
@@ -177,7 +179,7 @@ def plan_splits(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: i
     """(splits, stages_per_split) for a grid of n_ctas x m_tiles CTAs over K_stages 64-k stages, when the GPU
     holds ``resident`` CTAs at once, ``per_sm`` on each SM: the split count with the least modelled time (stages
     per CTA x stage time x the busiest SM's load, plus the partial sums' traffic and the reduce kernel when
-    split); at least ``min_per`` stages per split."""
+    split); at least ``min_per`` stages per split; ``share``: the slowdown per co-resident CTA."""
     return split_cost(K_stages, n_ctas, m_tiles, resident=resident, M=M, Np=Np, stage_us=stage_us, min_per=min_per,
                       per_sm=per_sm, share=share)[1:]
 
@@ -442,7 +444,7 @@ def _unit_us(token_blocks: int, tiles: int, wgmma: bool) -> float:
     per SM) and its tensor work (2 x 128 tiles channels x 8 token blocks tokens x 64 k at the measured ~2.5 TFLOP/s
     per SM), plus a fixed ~0.1 us (barrier, first latency)."""
     if wgmma:
-        return max(_WG_UNIT_US, 0.78 * token_blocks * tiles / 32)
+        return max(_WG_UNIT_US, _WG_UNIT_US_256 * token_blocks * tiles / 32)
     mem = 8 * tiles * 512 / 27e3
     flops = 2 * 128 * tiles * 8 * token_blocks * 64
     return max(mem, flops / 2.5e6) + 0.1
