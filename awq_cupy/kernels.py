@@ -119,9 +119,14 @@ def gemm_wg_pends(shape) -> tuple:
 
 
 def gemm_wg_variant(dtype: str, token_blocks: int, tiles: int, depth: int, aligned: bool,
-                    pend: int | None = None) -> str:
-    """The kernel's name; ``pend`` other than the default PEND of the token tile names that template argument."""
-    extra = "" if pend is None or pend == gemm_wg_pend(token_blocks) else f", {pend}"
+                    pend: int | None = None, ksplit: int = 1) -> str:
+    """The kernel's name; ``pend`` other than the default PEND of the token tile names that template argument,
+    ``ksplit`` = 2 (two K streams per CTA, template argument KW) names both."""
+    default = gemm_wg_pend(token_blocks)
+    if ksplit != 1:
+        extra = f", {default if pend is None else pend}, {ksplit}"
+    else:
+        extra = "" if pend is None or pend == default else f", {pend}"
     return (f"awq_gemm_wg_kernel<{CTYPE[dtype]}, {token_blocks}, {tiles}, {depth}, "
             f"{'true' if aligned else 'false'}{extra}>")
 
@@ -136,10 +141,17 @@ def tile_x_variant(dtype: str) -> str:
     return f"awq_tile_x_kernel<{CTYPE[dtype]}>"
 
 
+# Two K streams per CTA (KW = 2, kernels_cu/gemm_wg.cu): instantiated for each token tile's default shape.
+# EXPERIMENTAL (branch wg-ksplit): compiled and CPU-checked, not yet run on a GPU; ops._launch_gemm takes it only
+# when asked (ksplit=2).
+GEMM_WG_KSPLIT_SHAPES = tuple(GEMM_WG_DEFAULT.values())
+
 GEMM_WG = KernelFamily("gemm_wg", "gemm_wg.cu",
                        lambda arch: tuple(gemm_wg_variant(d, *s, ga, pend) for d in gemm_dtypes(arch)
                                           for s in GEMM_WG_SHAPES for ga in (True, False)
                                           for pend in gemm_wg_pends(s))
+                       + tuple(gemm_wg_variant(d, *s, ga, ksplit=2) for d in gemm_dtypes(arch)
+                               for s in GEMM_WG_KSPLIT_SHAPES for ga in (True, False))
                        + tuple(tile_x_variant(d) for d in gemm_dtypes(arch)),
                        hot=True, min_cc=90, arch_specific=True)
 

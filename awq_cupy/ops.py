@@ -496,7 +496,7 @@ def gemm_shape_for(M: int, tiles: int | None = None, *, wgmma: bool = False,
 
 def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, sm_count: int = 132,
               resident: int | None = None, tiles: int | None = None, splits: int | None = None,
-              batch_invariant: bool = False, depth: int | None = None) -> dict:
+              batch_invariant: bool = False, depth: int | None = None, ksplit: int = 1) -> dict:
     """Launch plan of the GEMM (wgmma: the sm_90a kernel, else the mma.sync one): dict(token_blocks, tiles, depth,
     aligned, grid, splits, per, smem, NT16). ``resident`` = CTAs the GPU holds at once (default one per SM).
     Split-K from ``plan_splits`` with the unit-time model unless ``splits`` is given. ``batch_invariant``: the
@@ -507,9 +507,11 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
     if M < 1:
         raise ValueError(f"M={M}: the GEMM needs at least one row")
     nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wgmma, depth=depth)
+    if ksplit not in (1, 2) or (ksplit == 2 and not wgmma):
+        raise ValueError(f"ksplit={ksplit}: 1, or 2 (two K streams per CTA) for the wgmma GEMM")
     Kp, Np = padded_sizes(K, N)
     NT16, KS = Np // 16, Kp // 64
-    n_ctas = -(-NT16 // (GEMM_WARPS * tw))
+    n_ctas = -(-NT16 // (GEMM_WARPS // ksplit * tw))   # ksplit = 2: each warpgroup covers all the CTA's channels
     m_tiles = -(-M // (8 * nb))
     res = sm_count if resident is None else resident
     share = _WG_SHARE if wgmma else _SHARE
@@ -523,13 +525,14 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
         splits, per = plan_splits(KS, -(-NT16 // (GEMM_WARPS * tw1)), 1, resident=res, M=8 * nb1, Np=Np,
                                   stage_us=_unit_us(nb1, tw1, wgmma), min_per=2, per_sm=res // sm_count,
                                   share=share)
-    else:
-        splits, per = plan_splits(KS, n_ctas, m_tiles, resident=res, M=M, Np=Np, stage_us=_unit_us(nb, tw, wgmma),
-                                  min_per=2, per_sm=res // sm_count, share=share)
+    else:   # two K streams run a CTA's units two at a time
+        splits, per = plan_splits(KS, n_ctas, m_tiles, resident=res, M=M, Np=Np,
+                                  stage_us=_unit_us(nb, tw, wgmma) / ksplit, min_per=2 * ksplit,
+                                  per_sm=res // sm_count, share=share)
     NG = max(1, K // group_size)
     smem = gemm_wg_smem_bytes(nb) if wgmma else gemm_sw_smem_bytes(nb)
     return dict(token_blocks=nb, tiles=tw, depth=depth, aligned=group_size % 64 == 0 or NG == 1,
-                grid=(n_ctas, splits, m_tiles), splits=splits, per=per, smem=smem, NT16=NT16)
+                grid=(n_ctas, splits, m_tiles), splits=splits, per=per, smem=smem, NT16=NT16, ksplit=ksplit)
 
 
 def wgmma_pend(shape: tuple[int, int, int], ctas: int, sm_count: int, batch_invariant: bool = False) -> int | None:
@@ -556,7 +559,7 @@ def reduce_columns(M: int, N: int, sm_count: int) -> int:
 
 
 def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, tiles=None, splits=None,
-                 wgmma=None, depth=None, pend=None, reduce_cols=None):
+                 wgmma=None, depth=None, pend=None, reduce_cols=None, ksplit=1):
     from .kernels import (GEMM_WARPS, gemm_sw_smem_bytes, gemm_sw_variant, gemm_wg_smem_bytes, gemm_wg_variant,
                           kernel, reduce_variant, tile_x_variant)
 
@@ -568,12 +571,14 @@ def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, 
         # batch-invariant plans must not depend on this M's variant: one CTA per SM
         resident = sm_count if batch_invariant else gk.resident_blocks(32 * GEMM_WARPS, smem) * sm_count
         return gk, plan_gemm(M, w.K, w.N, w.group_size, wgmma=wg, sm_count=sm_count, resident=resident, tiles=tw,
-                             splits=splits, batch_invariant=batch_invariant, depth=depth)
+                             splits=splits, batch_invariant=batch_invariant, depth=depth, ksplit=ksplit)
 
     if wg:
         smem = gemm_wg_smem_bytes(nb)
-        gk, p = planned(kernel("gemm_wg", gemm_wg_variant(kind, nb, tw, depth, aligned, pend), w.device), smem)
-        two = wgmma_pend((nb, tw, depth), math.prod(p["grid"]), sm_count, batch_invariant) if pend is None else None
+        gk, p = planned(kernel("gemm_wg", gemm_wg_variant(kind, nb, tw, depth, aligned, pend, ksplit), w.device),
+                        smem)
+        two = (wgmma_pend((nb, tw, depth), math.prod(p["grid"]), sm_count, batch_invariant)
+               if pend is None and ksplit == 1 else None)
         if two is not None:
             gk, p = planned(kernel("gemm_wg", gemm_wg_variant(kind, nb, tw, depth, aligned, two), w.device), smem)
     else:

@@ -1,10 +1,10 @@
 """A/B timing of the GEMM on a few Mistral-7B cases, timed like `python -m awq_cupy bench`. Usage:
     [AB_CASES=o:64,gate_up:64:256] python3 bench/ab_gemm.py LABEL [PKG_DIR] RUN...
-RUN is "name" or "name:key=value,...": splits, tiles, depth, pend, reduce_cols are ops._launch_gemm arguments (a
-depth outside the shape table is added to it; pend is the wgmma kernel's PEND template argument, any of 1..3 here;
-reduce_cols the split-K reduce kernel's columns per thread, 2, 4 or 8); tile=T makes every M take the token tile T
-(ops.gemm_token_tile patched). The gemm_wg family is narrowed to the variants the
-runs need, so it compiles in seconds.
+RUN is "name" or "name:key=value,...": splits, tiles, depth, pend, reduce_cols, ksplit are ops._launch_gemm
+arguments (a depth outside the shape table is added to it; pend is the wgmma kernel's PEND template argument, any of
+1..3 here; reduce_cols the split-K reduce kernel's columns per thread, 2, 4 or 8; ksplit=2 two K streams per CTA);
+tile=T makes every M take the token tile T (ops.gemm_token_tile patched). The gemm_wg family is narrowed to the
+variants the runs need, so it compiles in seconds.
 PKG_DIR (a directory holding another awq_cupy/ and kernels_cu/) is put first on sys.path when given.
 """
 import dataclasses
@@ -60,7 +60,7 @@ for _, kw in runs:
     for M in sorted({m for ms in CASES.values() for m in ms}):
         nb, tw, depth = ops.gemm_shape_for(M, kw.get("tiles"), wgmma=True, depth=kw.get("depth"))
         for pend in {kw.get("pend")} | set(kernels.gemm_wg_pends((nb, tw, depth))):
-            needed.add(kernels.gemm_wg_variant("float16", nb, tw, depth, True, pend))
+            needed.add(kernels.gemm_wg_variant("float16", nb, tw, depth, True, pend, kw.get("ksplit", 1)))
 fam = dataclasses.replace(kernels.GEMM_WG, variants=lambda arch: tuple(sorted(needed)))
 kernels.FAMILIES["gemm_wg"] = fam
 

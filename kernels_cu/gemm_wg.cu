@@ -86,7 +86,12 @@ __global__ void __launch_bounds__(256) awq_tile_x_kernel(const T* __restrict__ x
 
 // PEND: wgmma groups left pending at each k16 step (1..3; bench/NOTES.md v20: 3 pays from 128 tokens, and the
 // 128-token tile's PEND = 2 variant fits two CTAs per SM; awq_cupy/kernels.py).
-template <typename T, int NB, int TW, int P, bool GA, int PEND = (NB >= 16 ? 3 : 1)>
+// KW: K streams per CTA. KW = 1: the two warpgroups take different channels (128 TW per CTA) and share each unit's
+// x tile. KW = 2: both take the same 64 TW channels, warpgroup g the g-th half of the split's units, each with its
+// own x slots (SLOTS / 2), mbarriers and per-unit named barrier; at the end warpgroup 1 hands its fp32 sums to
+// warpgroup 0 through shared memory, which adds them (its own first) and stores. Half the channels per CTA, so
+// twice the CTAs for the same split count: the split-K partials of small layers go through shared memory instead.
+template <typename T, int NB, int TW, int P, bool GA, int PEND = (NB >= 16 ? 3 : 1), int KW = 1>
 __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
     const T* __restrict__ xt,         // [M tiles][KS][BM][64] x tiles (awq_tile_x_kernel)
     const uint4* __restrict__ qtiles, // [NT16][KS][32] weight blocks
@@ -104,6 +109,10 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
   constexpr int BM = 8 * NB, SZ = GA ? 1 : 2, R = BM / 2;
   constexpr int B = P / 2;                  // units per weight batch
   static_assert(PEND >= 1 && PEND <= 3, "four fragment buffers");
+  static_assert(KW == 1 || KW == 2, "one or two K streams");
+  constexpr int SL = SLOTS / KW;            // x slots per K stream: SL - 2 units requested ahead
+  static_assert(SL >= 3, "three x slots per K stream");
+  static_assert(KW == 1 || TW * BM * 256 <= SLOTS * BM * 128, "warpgroup 1's sums fit in the x slots");
   constexpr int SLOT_BYTES = BM * 128;
   using Stream = UnitStream<T, TW, SZ, BM, THREADS, false>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -115,19 +124,25 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
 
   pdl_trigger();   // the split-K reduce may launch now: it waits for this grid before reading the partials
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int kg = KW == 2 ? warp >> 2 : 0;                 // this thread's K stream
+  const int ktid = KW == 2 ? (tid & 127) : tid;           // thread index inside the K stream
   const int m0 = blockIdx.z * BM;
-  const int ub = blockIdx.y * units_per_split;
-  const int n = min(KS, ub + units_per_split) - ub;      // units of this split (>= 1 by the plan)
-  const int blk0 = (blockIdx.x * WARPS + warp) * TW;      // this warp's first 16-column block
+  const int ub_split = blockIdx.y * units_per_split;
+  const int n_split = min(KS, ub_split + units_per_split) - ub_split;   // units of this split (>= 1 by the plan)
+  const int half = (n_split + KW - 1) / KW;
+  const int ub = ub_split + kg * half;                    // this K stream's first unit
+  const int n = max(0, min(n_split, (kg + 1) * half) - kg * half);   // and its units (KW = 2: may be 0)
+  const int blk0 = (blockIdx.x * (WARPS / KW) + (KW == 2 ? warp & 3 : warp)) * TW;   // this warp's first block
   // every warp of a warpgroup issues its wgmmas; blocks past NT16 load zeros and are not stored
   Stream units(nullptr, qtiles, scales, zeros, M, K, NT16, KS, G, NG, Np, m0, ub, blk0, tid, lane);
-  const T* xsrc = xt + ((long long)blockIdx.z * KS + ub) * (BM * 64);   // this split's first x tile
-  auto request = [&](int v, int s) {   // thread 0: unit v's x tile into slot s = v % SLOTS
-    bulk_load(smem0 + s * SLOT_BYTES, xsrc + (long long)v * (BM * 64), SLOT_BYTES, bar0 + 8 * s);
+  const T* xsrc = xt + ((long long)blockIdx.z * KS + ub) * (BM * 64);   // this K stream's first x tile
+  const u32 kslot0 = smem0 + kg * SL * SLOT_BYTES, kbar0 = bar0 + 8 * kg * SL;   // its slots and barriers
+  auto request = [&](int v, int s) {   // the stream's thread 0: unit v's x tile into its slot s = v % SL
+    bulk_load(kslot0 + s * SLOT_BYTES, xsrc + (long long)v * (BM * 64), SLOT_BYTES, kbar0 + 8 * s);
   };
-  // slot s, k16 step t: the descriptor of smem0 + s SLOT_BYTES + 32 t (the start address field counts 16 bytes,
+  // slot s, k16 step t: the descriptor of kslot0 + s SLOT_BYTES + 32 t (the start address field counts 16 bytes,
   // and shared addresses stay below its 2^18-byte range)
-  const u32 desc0 = desc_lo(smem0);
+  const u32 desc0 = desc_lo(kslot0);
 
   float acc[TW][R];
 #pragma unroll
@@ -169,9 +184,14 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
 #pragma unroll
     for (int s = 0; s < SLOTS; ++s) mbar_init(bar0 + 8 * s, 1);
     mbar_init_fence();
-    for (int v = 0; v < min(n, SLOTS - 2); ++v) request(v, v);
+    if constexpr (KW == 1)
+      for (int v = 0; v < min(n, SL - 2); ++v) request(v, v);
   }
   __syncthreads();
+  if constexpr (KW == 2) {   // after the barrier: warpgroup 1's requests need the initialised barriers
+    if (ktid == 0)
+      for (int v = 0; v < min(n, SL - 2); ++v) request(v, v);
+  }
 #pragma unroll
   for (int i = 0; i < TW; ++i) pin(acc[i]);
 
@@ -185,27 +205,48 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
       for (int j = 0; j < B; ++j) {
         const int u = it + h * B + j;
         if (u >= n) break;
-        // slot of unit u + SLOTS - 2 = that of unit u - 2: at the barrier after unit u - 1 every warpgroup had
-        // waited for all but its last PEND <= 3 wgmma groups, which belong to unit u - 1 (four k16 steps)
-        if (tid == 0 && u + SLOTS - 2 < n) request(u + SLOTS - 2, slot >= 2 ? slot - 2 : slot + SLOTS - 2);
-        mbar_wait(bar0 + 8 * slot, phase);
+        // slot of unit u + SL - 2 = that of unit u - 2: at the barrier after unit u - 1 every warpgroup of the
+        // stream had waited for all but its last PEND <= 3 wgmma groups, which belong to unit u - 1 (four k16 steps)
+        if (ktid == 0 && u + SL - 2 < n) request(u + SL - 2, slot >= 2 ? slot - 2 : slot + SL - 2);
+        mbar_wait(kbar0 + 8 * slot, phase);
         compute(sb[h][j], desc0 + slot * (SLOT_BYTES >> 4), [&]() {
           if (j == 0)   // the next batch, now that this batch's loads have been waited for
 #pragma unroll
             for (int jj = 0; jj < B; ++jj)
               if (u + B + jj < n) units.load(sb[h ^ 1][jj]);
         });
-        if (++slot == SLOTS) {
+        if (++slot == SL) {
           slot = 0;
           phase ^= 1u;
         }
-        __syncthreads();
+        if constexpr (KW == 1) __syncthreads();
+        else asm volatile("bar.sync %0, 128;\n" ::"r"(1 + kg) : "memory");   // this stream's warpgroup only
       }
   }
   wait<0>();
 #pragma unroll
   for (int i = 0; i < TW; ++i) pin(acc[i]);
 
+  if constexpr (KW == 2) {
+    // Warpgroup 1's sums through the x slots (free once both streams have finished: their wgmmas are complete,
+    // and the proxy fence orders those asynchronous reads before these generic writes), lane-minor so that a
+    // warp's accesses do not conflict; warpgroup 0 adds them to its own and stores.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    float* hand = reinterpret_cast<float*>(smem_raw + (smem0 - raw0));
+    if (kg == 1) {
+#pragma unroll
+      for (int i = 0; i < TW; ++i)
+#pragma unroll
+        for (int e = 0; e < R; ++e) hand[(i * R + e) * 128 + ktid] = acc[i][e];
+    }
+    __syncthreads();
+    if (kg == 1) return;
+#pragma unroll
+    for (int i = 0; i < TW; ++i)
+#pragma unroll
+      for (int e = 0; e < R; ++e) acc[i][e] += hand[(i * R + e) * 128 + ktid];
+  }
   store_swapped_tile<T, TW, NB>([&](int i, int j, int e) { return acc[i][4 * j + e]; }, bias, y, ws, M, N, Np, m0,
                                 blk0, units.nvalid, lane);
 }

@@ -230,6 +230,18 @@ def test_gemm_splits_count_co_resident_ctas_as_sharing_an_sm():
                        min_per=2)[0] == 8
 
 
+def test_gemm_plan_with_two_k_streams():
+    """ksplit = 2 halves the channels per CTA (twice the column tiles) and exists for the wgmma GEMM only."""
+    one = plan_gemm(256, 4096, 6144, 128, wgmma=True, resident=132)
+    two = plan_gemm(256, 4096, 6144, 128, wgmma=True, resident=132, ksplit=2)
+    assert two["grid"][0] == 2 * one["grid"][0] and two["ksplit"] == 2 and one["ksplit"] == 1
+    assert plan_gemm(256, 4096, 6144, 128, wgmma=True, resident=132, ksplit=2, splits=1)["splits"] == 1
+    with pytest.raises(ValueError, match="ksplit=3"):
+        plan_gemm(256, 4096, 6144, 128, wgmma=True, ksplit=3)
+    with pytest.raises(ValueError, match="ksplit=2"):
+        plan_gemm(256, 4096, 6144, 128, wgmma=False, ksplit=2)
+
+
 def test_reduce_columns_keep_enough_blocks_per_sm():
     """8 columns per thread while that leaves four 256-thread blocks per SM, 4 while it leaves two, else 2; always a
     divisor of N (N % 8 == 0 for every AWQ layout)."""

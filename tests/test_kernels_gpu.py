@@ -293,7 +293,7 @@ def test_gemv_is_deterministic_and_rows_are_independent(rng):
 # ---------------------------------------------------------------------------------------------------------------
 # The swapped GEMM (M > 12): every variant, forced split counts, awkward shapes
 # ---------------------------------------------------------------------------------------------------------------
-def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False, pend=None, reduce_cols=None):
+def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False, pend=None, reduce_cols=None, ksplit=1):
     """Run the GEMM (the wgmma or the mma.sync kernel) with ``tiles`` column blocks per warp (and ``splits``, the
     wgmma kernel's ``pend``, the split-K reduce kernel's columns per thread)."""
     from awq_cupy import ops
@@ -304,7 +304,7 @@ def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False, pend=None, reduce_co
     y = cp.full((M, w.N), np.nan, dtype=xg.dtype)
     b = cp.asarray(bias) if bias is not None else ops._NULL
     ops._launch_gemm(xg, w, b, y, M, w.dtype, arch_of_device(w.device), ops._sm_count(w.device), False,
-                     tiles=tiles, splits=splits, wgmma=wgmma, pend=pend, reduce_cols=reduce_cols)
+                     tiles=tiles, splits=splits, wgmma=wgmma, pend=pend, reduce_cols=reduce_cols, ksplit=ksplit)
     return y.get()
 
 
@@ -373,6 +373,31 @@ def test_gemm_is_deterministic_and_split_count_only_matters(rng, path):
             what = f"{path} M={M} shape={(nb, tw)}"
             np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=f"run to run {what}")
             np.testing.assert_array_equal(a[:13].view(np.uint16), ref.view(np.uint16), err_msg=f"rows {what}")
+
+
+def test_wgmma_two_k_streams_against_reference(rng):
+    """KW = 2 (two warpgroups on the same channels, each half of a split's units, summed through shared memory):
+    every token tile's shape, an odd unit count (the second stream one unit short), a single unit (the second
+    stream idle), forced split counts, a bias; close to the reference and bitwise the same run to run."""
+    from awq_cupy.kernels import GEMM_WG_KSPLIT_SHAPES
+
+    if not _has_wgmma():
+        pytest.skip("the wgmma GEMM needs compute capability 9.0")
+    for K, N, G, kind in ((960, 520, 64, "float16"), (4096, 1024, 128, "bfloat16"), (64, 136, -1, "float16"),
+                          (768, 96, 96, "float16")):
+        Q, Z, S, G = random_layer(rng, K, N, G)
+        w = _weight(Q, Z, S, G, kind)
+        W64 = kernel_weight(Q, Z, S, G, kind)
+        bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
+        for nb, tw, _ in GEMM_WG_KSPLIT_SHAPES:
+            M = 8 * nb - 3
+            x = random_x(rng, M, K, kind)
+            for splits in (None, 1, min(3, w.KS)):
+                what = f"KW=2 shape={(nb, tw)} {K}x{N} G={G} M={M} splits={splits} {kind}"
+                a = _gemm(x, w, tw, splits, bias, wgmma=True, ksplit=2)
+                assert_matmul_close(a, x, W64, kind, bias=bias, what=what)
+                b = _gemm(x, w, tw, splits, bias, wgmma=True, ksplit=2)
+                np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=f"run to run, {what}")
 
 
 def test_splitk_reduce_columns_per_thread_give_the_same_bits(rng):
