@@ -141,10 +141,9 @@ def tile_x_variant(dtype: str) -> str:
     return f"awq_tile_x_kernel<{CTYPE[dtype]}>"
 
 
-# Two K streams per CTA (KW = 2, kernels_cu/gemm_wg.cu): instantiated for each token tile's default shape.
-# EXPERIMENTAL (branch wg-ksplit): compiled and CPU-checked, not yet run on a GPU; ops._launch_gemm takes it only
-# when asked (ksplit=2).
-GEMM_WG_KSPLIT_SHAPES = tuple(GEMM_WG_DEFAULT.values())
+# Two K streams per CTA (KW = 2, kernels_cu/gemm_wg.cu): the default shapes of the token tiles on which
+# ops.wgmma_ksplit takes them (128 and 256 tokens).
+GEMM_WG_KSPLIT_SHAPES = tuple(s for t, s in GEMM_WG_DEFAULT.items() if t >= 128)
 
 GEMM_WG = KernelFamily("gemm_wg", "gemm_wg.cu",
                        lambda arch: tuple(gemm_wg_variant(d, *s, ga, pend) for d in gemm_dtypes(arch)

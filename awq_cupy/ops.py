@@ -496,17 +496,24 @@ def gemm_shape_for(M: int, tiles: int | None = None, *, wgmma: bool = False,
 
 def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, sm_count: int = 132,
               resident: int | None = None, tiles: int | None = None, splits: int | None = None,
-              batch_invariant: bool = False, depth: int | None = None, ksplit: int = 1) -> dict:
+              batch_invariant: bool = False, depth: int | None = None, ksplit: int | None = None) -> dict:
     """Launch plan of the GEMM (wgmma: the sm_90a kernel, else the mma.sync one): dict(token_blocks, tiles, depth,
-    aligned, grid, splits, per, smem, NT16). ``resident`` = CTAs the GPU holds at once (default one per SM).
-    Split-K from ``plan_splits`` with the unit-time model unless ``splits`` is given. ``batch_invariant``: the
-    split count is planned for one 16-row token tile whatever M is, so a row's result does not depend on M."""
+    aligned, grid, splits, per, smem, NT16, ksplit). ``resident`` = CTAs the GPU holds at once (default one per
+    SM). Split-K from ``plan_splits`` with the unit-time model unless ``splits`` is given. ``batch_invariant``: the
+    split count is planned for one 16-row token tile whatever M is, so a row's result does not depend on M.
+    ``ksplit``: K streams per CTA of the wgmma GEMM (1 or 2); None chooses by ``wgmma_ksplit``."""
     from .kernels import GEMM_WARPS, gemm_sw_smem_bytes, gemm_wg_smem_bytes
     from .layout import padded_sizes
 
     if M < 1:
         raise ValueError(f"M={M}: the GEMM needs at least one row")
     nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wgmma, depth=depth)
+    if ksplit is None:
+        one = plan_gemm(M, K, N, group_size, wgmma=wgmma, sm_count=sm_count, resident=resident, tiles=tiles,
+                        splits=splits, batch_invariant=batch_invariant, depth=depth, ksplit=1)
+        if wgmma_ksplit(one, wgmma, batch_invariant, splits is not None) == 1:
+            return one
+        ksplit, splits = 2, 1
     if ksplit not in (1, 2) or (ksplit == 2 and not wgmma):
         raise ValueError(f"ksplit={ksplit}: 1, or 2 (two K streams per CTA) for the wgmma GEMM")
     Kp, Np = padded_sizes(K, N)
@@ -535,6 +542,30 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
                 grid=(n_ctas, splits, m_tiles), splits=splits, per=per, smem=smem, NT16=NT16, ksplit=ksplit)
 
 
+# Two K streams per CTA replace a two-way split-K on token tiles of at least _KSPLIT_MIN_NB blocks of 8 when each
+# stream has at most _KSPLIT_MAX_UNITS 64-k units.
+_KSPLIT_MIN_NB = 16
+_KSPLIT_MAX_UNITS = 16
+
+
+def wgmma_ksplit(plan: dict, wgmma: bool, batch_invariant: bool = False, forced_splits: bool = False) -> int:
+    """K streams per CTA for a one-stream GEMM ``plan``: 2 where it splits K two ways on a token tile of 128 or more
+    and each stream would run at most 16 units (K <= 4096), else 1. Two streams run the same CTAs (twice the column
+    tiles of half the channels) with one split: no fp32 partials and no reduce kernel, but each unit's x tile is
+    copied for 64 channels instead of 128 and each stream has half the x slots, so the saving is fixed and the
+    cost grows with the units. Measured (H200, bench/NOTES.md v23, us): Mistral-7B qkv M = 256 32.7 -> 29.6, o M =
+    512 34.8 -> 31.3, qkv M = 128 22.8 -> 22.5 (16 units per stream); with more it won little or lost: Mistral-7B
+    down (56 units) M = 512 94.6 -> 92.5, Llama-2-70B o (32) M = 128 36.5 -> 38.9, M = 256 55.7 -> 54.4, down (112)
+    M = 128 108.2 -> 122.1, M = 256 168.3 -> 176.4. Where four splits became two it lost or tied (Mistral-7B o M =
+    128 16.1 -> 17.1, down M = 128 33.7 -> 38.0), and without a split to replace it lost more (gate_up M = 256
+    96.9 -> 113.7). Batch-invariant calls and forced split counts keep one stream."""
+    if not wgmma or batch_invariant or forced_splits:
+        return 1
+    if plan["splits"] != 2 or plan["token_blocks"] < _KSPLIT_MIN_NB:
+        return 1
+    return 2 if plan["per"] <= 2 * _KSPLIT_MAX_UNITS else 1
+
+
 def wgmma_pend(shape: tuple[int, int, int], ctas: int, sm_count: int, batch_invariant: bool = False) -> int | None:
     """The wgmma GEMM's PEND variant other than the default for ``shape`` (kernels.GEMM_WG_PEND_TWO_PER_SM), or
     None: the shape's two-CTAs-per-SM variant where the default's planned grid has more CTAs than SMs (one CTA
@@ -559,7 +590,7 @@ def reduce_columns(M: int, N: int, sm_count: int) -> int:
 
 
 def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, tiles=None, splits=None,
-                 wgmma=None, depth=None, pend=None, reduce_cols=None, ksplit=1):
+                 wgmma=None, depth=None, pend=None, reduce_cols=None, ksplit=None):
     from .kernels import (GEMM_WARPS, gemm_sw_smem_bytes, gemm_sw_variant, gemm_wg_smem_bytes, gemm_wg_variant,
                           kernel, reduce_variant, tile_x_variant)
 
@@ -567,18 +598,21 @@ def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, 
     nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wg, depth=depth)
     aligned = w.group_size % 64 == 0 or w.NG == 1
 
-    def planned(gk, smem):
+    def planned(gk, smem, ks=1):
         # batch-invariant plans must not depend on this M's variant: one CTA per SM
         resident = sm_count if batch_invariant else gk.resident_blocks(32 * GEMM_WARPS, smem) * sm_count
         return gk, plan_gemm(M, w.K, w.N, w.group_size, wgmma=wg, sm_count=sm_count, resident=resident, tiles=tw,
-                             splits=splits, batch_invariant=batch_invariant, depth=depth, ksplit=ksplit)
+                             splits=splits, batch_invariant=batch_invariant, depth=depth, ksplit=ks)
 
     if wg:
         smem = gemm_wg_smem_bytes(nb)
-        gk, p = planned(kernel("gemm_wg", gemm_wg_variant(kind, nb, tw, depth, aligned, pend, ksplit), w.device),
-                        smem)
+        ks = 1 if ksplit is None else ksplit   # None: the plan chooses (wgmma_ksplit)
+        gk, p = planned(kernel("gemm_wg", gemm_wg_variant(kind, nb, tw, depth, aligned, pend, ks), w.device), smem,
+                        ksplit)
+        if p["ksplit"] != ks:   # two K streams chosen: their variant (one CTA per SM either way)
+            gk = kernel("gemm_wg", gemm_wg_variant(kind, nb, tw, depth, aligned, pend, p["ksplit"]), w.device)
         two = (wgmma_pend((nb, tw, depth), math.prod(p["grid"]), sm_count, batch_invariant)
-               if pend is None and ksplit == 1 else None)
+               if pend is None and p["ksplit"] == 1 else None)
         if two is not None:
             gk, p = planned(kernel("gemm_wg", gemm_wg_variant(kind, nb, tw, depth, aligned, two), w.device), smem)
     else:

@@ -48,7 +48,7 @@ for K, N, G, kinds in [(24, 8, -1, ("float16", "bfloat16")), (96, 72, 32, ("floa
                             ops._launch_gemm(x, w, bias, y, M, kind, arch_of_device(w.device),
                                              ops._sm_count(w.device), False, tiles=tw, splits=splits, wgmma=wg,
                                              depth=depth, pend=pend)
-            if M > 8 and ops.has_wgmma(arch_of_device(w.device)):   # two K streams per CTA (experimental)
+            if ops.gemm_token_tile(M, True) >= 128 and ops.has_wgmma(arch_of_device(w.device)):   # 2 K streams
                 for splits in (1, min(3, w.KS)):
                     y = cp.empty((M, N), dtype=x.dtype)
                     ops._launch_gemm(x, w, bias, y, M, kind, arch_of_device(w.device), ops._sm_count(w.device),

@@ -232,7 +232,7 @@ def test_gemm_splits_count_co_resident_ctas_as_sharing_an_sm():
 
 def test_gemm_plan_with_two_k_streams():
     """ksplit = 2 halves the channels per CTA (twice the column tiles) and exists for the wgmma GEMM only."""
-    one = plan_gemm(256, 4096, 6144, 128, wgmma=True, resident=132)
+    one = plan_gemm(256, 4096, 6144, 128, wgmma=True, resident=132, ksplit=1)
     two = plan_gemm(256, 4096, 6144, 128, wgmma=True, resident=132, ksplit=2)
     assert two["grid"][0] == 2 * one["grid"][0] and two["ksplit"] == 2 and one["ksplit"] == 1
     assert plan_gemm(256, 4096, 6144, 128, wgmma=True, resident=132, ksplit=2, splits=1)["splits"] == 1
@@ -240,6 +240,37 @@ def test_gemm_plan_with_two_k_streams():
         plan_gemm(256, 4096, 6144, 128, wgmma=True, ksplit=3)
     with pytest.raises(ValueError, match="ksplit=2"):
         plan_gemm(256, 4096, 6144, 128, wgmma=False, ksplit=2)
+
+
+# (layer, M): the one-stream split count and whether two K streams are planned (bench/NOTES.md v23, H200 runs)
+_KSPLIT_CASES = {("qkv", 256): (2, True), ("qkv", 128): (2, True), ("o", 512): (2, True), ("down", 512): (2, False),
+                 ("o", 128): (4, False), ("o", 256): (4, False), ("down", 128): (4, False),
+                 ("down", 256): (4, False), ("gate_up", 256): (1, False), ("qkv", 64): (5, False),
+                 ("o", 64): (4, False), ("l_o", 128): (2, False), ("l_o", 256): (2, False),
+                 ("l_down", 128): (2, False), ("l_down", 256): (2, False)}
+
+
+def test_two_k_streams_replace_a_two_way_split_on_large_token_tiles():
+    """The default plan takes two K streams per CTA exactly where the one-stream plan splits K two ways on a token
+    tile of 128 or more with at most 16 units per stream: there they replace the split (same CTAs, no partials, no
+    reduce kernel) and measured faster; with longer streams, where four splits would become two, or where nothing
+    is split, they measured slower or tied."""
+    layers = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096),
+              "l_o": (8192, 8192), "l_down": (28672, 8192)}   # l_: Llama-2-70B
+    for (layer, M), (one_splits, two) in _KSPLIT_CASES.items():
+        K, N = layers[layer]
+        one = plan_gemm(M, K, N, 128, wgmma=True, resident=132, ksplit=1)
+        auto = plan_gemm(M, K, N, 128, wgmma=True, resident=132)
+        assert one["splits"] == one_splits, (layer, M, one)
+        assert auto["ksplit"] == (2 if two else 1), (layer, M, auto)
+        if two:   # the same CTAs, K not split
+            assert auto["splits"] == 1 and math.prod(auto["grid"]) == math.prod(one["grid"]), (layer, M, auto)
+        else:
+            assert auto == one
+    # never for the mma.sync kernel, batch-invariant calls or forced split counts
+    assert plan_gemm(256, 4096, 6144, 128, wgmma=False, resident=132)["ksplit"] == 1
+    assert plan_gemm(256, 4096, 6144, 128, wgmma=True, resident=132, batch_invariant=True)["ksplit"] == 1
+    assert plan_gemm(256, 4096, 6144, 128, wgmma=True, resident=132, splits=2)["ksplit"] == 1
 
 
 def test_reduce_columns_keep_enough_blocks_per_sm():
@@ -289,9 +320,9 @@ def _h200_wgmma_splits(M, K, N):
     from awq_cupy.ops import gemm_shape_for
 
     shape = gemm_shape_for(M, wgmma=True)
-    p = plan_gemm(M, K, N, 128, wgmma=True, resident=264 if shape[2] == 6 else 132)
+    p = plan_gemm(M, K, N, 128, wgmma=True, resident=264 if shape[2] == 6 else 132, ksplit=1)
     if shape in GEMM_WG_PEND_TWO_PER_SM and math.prod(p["grid"]) > 132:
-        p = plan_gemm(M, K, N, 128, wgmma=True, resident=264)
+        p = plan_gemm(M, K, N, 128, wgmma=True, resident=264, ksplit=1)
     return p["splits"]
 
 
@@ -336,7 +367,8 @@ def test_every_gemm_shape_is_reachable_and_every_tile_has_a_default(wgmma):
 def test_plan_gemm_covers_the_output_and_k(K, N, M, wgmma):
     p = plan_gemm(M, K, N, 128 if K % 128 == 0 else K, wgmma=wgmma)
     n_ctas, splits, m_tiles = p["grid"]
-    assert n_ctas * 8 * p["tiles"] * 16 >= N > (n_ctas - 1) * 8 * p["tiles"] * 16
+    per_cta = 8 // p["ksplit"] * p["tiles"] * 16   # channels per CTA: two K streams share a warpgroup's channels
+    assert n_ctas * per_cta >= N > (n_ctas - 1) * per_cta
     assert m_tiles * 8 * p["token_blocks"] >= M > (m_tiles - 1) * 8 * p["token_blocks"]
     KS = -(-K // 64)
     assert splits == p["splits"] and (splits - 1) * p["per"] < KS <= splits * p["per"]

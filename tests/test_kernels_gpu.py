@@ -400,6 +400,32 @@ def test_wgmma_two_k_streams_against_reference(rng):
                 np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=f"run to run, {what}")
 
 
+def test_matmul_takes_two_k_streams_where_planned(rng):
+    """awq_cupy.matmul on a shape whose plan replaces a two-way split-K by two K streams per CTA (ops.wgmma_ksplit):
+    three token tiles (the last partial), N % 16 = 8, a bias, fp16 and bf16; close to the reference, and close to
+    the one-stream split-K launch of the same call."""
+    import awq_cupy
+    from awq_cupy import ops
+
+    if not _has_wgmma():
+        pytest.skip("the wgmma GEMM needs compute capability 9.0")
+    K, N, M = 2048, 2056, 600
+    for kind in ("float16", "bfloat16"):
+        Q, Z, S, G = random_layer(rng, K, N, 128)
+        w = _weight(Q, Z, S, G, kind)
+        W64 = kernel_weight(Q, Z, S, G, kind)
+        sms = ops._sm_count(w.device)
+        plan = ops.plan_gemm(M, K, N, G, wgmma=True, sm_count=sms, resident=sms)
+        assert plan["ksplit"] == 2 and plan["splits"] == 1, plan
+        assert not ops.uses_cublas(M, kind, K=K, N=N, sm_count=sms)   # the fused GEMM runs
+        bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
+        x = random_x(rng, M, K, kind)
+        y = awq_cupy.matmul(cp.asarray(x), w, bias=cp.asarray(bias)).get()
+        assert_matmul_close(y, x, W64, kind, bias=bias, what=f"matmul, two K streams, {kind}")
+        one = _gemm(x, w, None, None, bias, wgmma=True, ksplit=1)
+        assert_matmul_close(one, x, W64, kind, bias=bias, what=f"one stream, {kind}")
+
+
 def test_splitk_reduce_columns_per_thread_give_the_same_bits(rng):
     """The split-K reduce kernel's 2-, 4- and 8-column variants add the splits in the same order: bitwise the same
     y for split counts below, at and above the splits one thread requests at once (8, 4, 2), with a bias, an odd
