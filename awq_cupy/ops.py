@@ -367,14 +367,14 @@ def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> boo
 
 
 def gemv_tiles_for(M: int, NT16: int, grid: int) -> int:
-    """16-column blocks per GEMV warp unit, from the H200 sweep (bench/gemv_sweep.py, bench/NOTES.md v16): up to
-    8 tokens four blocks (12 warps) once a CTA has three or more blocks, else pairs (16 warps); pairs (12 warps)
-    with two token blocks; single blocks when a CTA has only one."""
+    """16-column blocks per GEMV warp unit, from the H200 sweeps (bench/gemv_sweep.py, bench/NOTES.md v16; v23 for
+    two token blocks): four blocks once a CTA has three or more (12 warps up to 8 tokens, 8 warps with two token
+    blocks), else pairs (16 or 12 warps); single blocks when a CTA has only one. Two token blocks, Mistral-7B,
+    pairs -> fours (us): qkv 10.3 -> 9.5, gate_up 28.9 -> 27.7; with two blocks per CTA fours lose (o 7.2 -> 8.9,
+    down 17.1 -> 23.3: half of each four is empty)."""
     most = -(-NT16 // grid)
     if most < 2:
         return 1
-    if M > 8:
-        return 2
     return 4 if most >= 3 else 2
 
 

@@ -30,22 +30,26 @@
 // bench/stream_probe.py). x is read through L1 (every warp of the CTA reads the same rows).
 // Math: the weights enter the mma as exact (q - z); each group's fp32 sum is multiplied by the channel's scale
 // at the group's end, once per group (GA: groups of whole 64-k blocks, or one group) or per 32 k (G % 64 == 32).
-// Variants: T x (NB, TW) x GA (table: awq_cupy/kernels.py); W (warps per CTA) is a launch parameter.
+// Variants: T x (NB, TW) x GA (table: awq_cupy/kernels.py); W (warps per CTA) is a launch parameter; THR and STG
+// (launch bound, register stages) default to awq_gemv::Bounds and are knobs for bench/gemv_stages.py.
 // Launched by awq_cupy.matmul.
 #include "common.cuh"
 
 namespace awq_gemv {
-// Threads per CTA the kernel is compiled for (registers: the one-unit-ahead pipeline of 4 blocks needs ~160).
-// sm_75 has fewer registers per thread at 384 threads than this variant needs without spilling.
+// Threads per CTA the kernel is compiled for (registers: the one-unit-ahead pipeline of 4 blocks needs ~160, of
+// 4 blocks x 2 token blocks 225-254). sm_75 has fewer registers per thread at 384 threads than the 4-block variant
+// needs without spilling.
 template <int NB, int TW, bool GA> struct Bounds {
-  static constexpr int threads = (TW * NB >= 4) ? (AWQ_CUPY_CC < 800 ? 256 : 384) : 512;
+  static constexpr int threads = (TW * NB >= 8) ? 256 : (TW * NB >= 4) ? (AWQ_CUPY_CC < 800 ? 256 : 384) : 512;
   // units in registers (S - 1 loading ahead); two scale groups per unit cost too many registers for three
   static constexpr int stages = (NB == 1 && (TW == 1 || (TW == 2 && GA))) ? 3 : 2;
 };
 }  // namespace awq_gemv
 
-template <typename T, int NB, int TW, bool GA>
-__global__ void __launch_bounds__(awq_gemv::Bounds<NB, TW, GA>::threads, 1) awq_gemv_tc_kernel(
+// THR, STG: the launch bound and the register stages, by default from awq_gemv::Bounds.
+template <typename T, int NB, int TW, bool GA, int THR = awq_gemv::Bounds<NB, TW, GA>::threads,
+          int STG = awq_gemv::Bounds<NB, TW, GA>::stages>
+__global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
     const T* __restrict__ x,          // [M, K] activations
     const uint4* __restrict__ qtiles, // [NT16][KS][32] weight blocks
     const u32* __restrict__ scales,   // [NG, Np] permuted scales, as u32 pairs
@@ -250,7 +254,7 @@ __global__ void __launch_bounds__(awq_gemv::Bounds<NB, TW, GA>::threads, 1) awq_
 
   // S stages in registers: the loads of S - 1 units are in flight while one is computed (S = 3 where the
   // registers allow it under the launch bound, else 2).
-  constexpr int S = awq_gemv::Bounds<NB, TW, GA>::stages;
+  constexpr int S = STG;
   Stage st[S];
   // Prologue: the first units' weights are requested before the previous kernel of the stream has finished
   // (programmatic dependent launch, common.cuh); x only after pdl_wait().

@@ -94,9 +94,11 @@ def test_gemv_plan_rejects_bad_m():
     with pytest.raises(ValueError, match="tiles"):
         plan_gemv(1, 64, 64, 64, tiles=3)
     with pytest.raises(ValueError, match="tiles"):
-        plan_gemv(9, 64, 64, 64, tiles=4)
+        plan_gemv(9, 64, 64, 64, tiles=8)
     with pytest.raises(ValueError, match="warps"):
         plan_gemv(1, 64, 64, 64, tiles=4, warps=16)
+    with pytest.raises(ValueError, match="warps"):
+        plan_gemv(9, 64, 64, 64, tiles=4, warps=12)   # two token blocks x four blocks: 8 warps
 
 
 def test_gemv_tiles_choice():
@@ -106,7 +108,8 @@ def test_gemv_tiles_choice():
     assert gemv_tiles_for(1, 384, 132) == 4      # three blocks per CTA: one four, partly empty
     assert gemv_tiles_for(1, 1792, 132) == 4     # ~14 blocks per CTA: fours (x shared by more blocks)
     assert gemv_tiles_for(8, 1792, 132) == 4
-    assert gemv_tiles_for(16, 1792, 132) == 2    # two token blocks: at most pairs
+    assert gemv_tiles_for(16, 1792, 132) == 4    # two token blocks: fours too (8 warps)
+    assert gemv_tiles_for(16, 256, 132) == 2
     assert gemv_tiles_for(1, 4, 4) == 1          # one block per CTA
 
 

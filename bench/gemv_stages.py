@@ -1,0 +1,81 @@
+"""A/B of GEMV variants with other launch bounds / register stages (the kernel's THR and STG template arguments)
+on the Mistral-7B layers, timed like `python -m awq_cupy bench`. Usage:
+    [GS_MS=1,8,16] python3 bench/gemv_stages.py RUN...
+RUN is "name:token_blocks,tiles,threads,stages[,warps]" (threads 0 = the variant's default bound, stages 0 = its
+default stages; warps defaults to threads / 32). Each (layer, M) line times the runs whose token blocks fit M;
+outputs are checked against the first such run (close, not bitwise: the warps' work split may differ). Last, the
+sum over the four layers per run and M.
+"""
+import dataclasses
+import os
+import sys
+
+import cupy as cp
+import numpy as np
+
+from awq_cupy import kernels, ops
+from awq_cupy.bench import MODELS, Timer, rotated_weights
+from awq_cupy.jit import arch_of_device
+
+runs = []
+for a in sys.argv[1:]:
+    name, _, spec = a.partition(":")
+    v = [int(t) for t in spec.split(",")]
+    runs.append((name, v + [0] * (5 - len(v))))
+
+
+def variant(nb, tw, thr, stg, aligned=True):
+    base = kernels.gemv_variant("float16", nb, tw, aligned)
+    if not thr and not stg:
+        return base
+    thr = thr or 32 * kernels.gemv_max_warps(nb, tw, arch_of_device(0))
+    stg = stg or (3 if nb == 1 and (tw == 1 or (tw == 2 and aligned)) else 2)   # awq_gemv::Bounds
+    return base[:-1] + f", {thr}, {stg}>"
+
+
+needed = tuple(sorted({variant(*v[:4]) for _, v in runs}))
+kernels.GEMV_SHAPES += tuple({(v[0], v[1]) for _, v in runs} - set(kernels.GEMV_SHAPES))   # plan_gemv accepts them
+kernels.FAMILIES["gemv_tc"] = dataclasses.replace(kernels.GEMV_TC, variants=lambda arch: needed)
+arch = arch_of_device(0)
+sms = ops._sm_count(0)
+timer = Timer()
+rng = np.random.default_rng(0)
+ms = [int(m) for m in os.environ.get("GS_MS", "1,8,16").split(",")]
+sums = {}
+for lname, K, N in MODELS["mistral-7b"]:
+    wq = rotated_weights(rng, K, N, 128)
+    nq = len(wq)
+    for M in ms:
+        x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
+        ref = None
+        line = []
+        for name, (nb, tw, thr, stg, warps) in runs:
+            if nb != -(-M // 8):
+                continue
+            p = ops.plan_gemv(M, K, N, 128, arch=arch, sm_count=sms, tiles=tw)
+            W = warps or (thr // 32 if thr else p["warps"])
+            k = kernels.kernel("gemv_tc", variant(nb, tw, thr, stg), 0)
+            y = cp.empty((M, N), cp.float16)
+
+            def call(i):
+                w = wq[i % nq]
+                k.launch((p["grid"],), (32 * W,),
+                         (x, w.qtiles, w.scales, w.zeros, ops._NULL, y, ops.as_i32(M), ops.as_i32(N),
+                          ops.as_i32(K), ops.as_i32(p["NT16"]), ops.as_i32(w.KS), ops.as_i32(w.group_size),
+                          ops.as_i32(w.NG), ops.as_i32(w.NT * 64)),
+                         smem=kernels.gemv_smem_bytes(W, nb, tw), pdl=ops.uses_pdl(arch))
+
+            call(0)
+            if ref is None:
+                ref = y.astype(cp.float32)
+            elif not bool(cp.allclose(y.astype(cp.float32), ref, rtol=1e-2, atol=1e-2)):
+                raise SystemExit(f"{name}: output differs on {lname} M={M}")
+            us = timer(call, max(20, nq), 3)
+            sums.setdefault((name, M), 0.0)
+            sums[(name, M)] += us
+            line.append(f"{name} {us:6.1f}")
+        print(f"{lname:8s} M={M:3d}  " + "  ".join(line), flush=True)
+    del wq
+    cp.get_default_memory_pool().free_all_blocks()
+for M in ms:
+    print(f"sum M={M:3d}  " + "  ".join(f"{n} {v:6.1f}" for (n, m), v in sums.items() if m == M))
