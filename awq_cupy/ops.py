@@ -366,16 +366,24 @@ def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> boo
     return dense < fused
 
 
+# Two token blocks: time per column-group slot of the four-block variant (8 warps) relative to the pair variant
+# (12 warps), fitted on the H200 (bench/NOTES.md v23).
+_GEMV_FOUR_SLOT = 0.85
+
+
 def gemv_tiles_for(M: int, NT16: int, grid: int) -> int:
-    """16-column blocks per GEMV warp unit, from the H200 sweeps (bench/gemv_sweep.py, bench/NOTES.md v16; v23 for
-    two token blocks): four blocks once a CTA has three or more (12 warps up to 8 tokens, 8 warps with two token
-    blocks), else pairs (16 or 12 warps); single blocks when a CTA has only one. Two token blocks, Mistral-7B,
-    pairs -> fours (us): qkv 10.3 -> 9.5, gate_up 28.9 -> 27.7; with two blocks per CTA fours lose (o 7.2 -> 8.9,
-    down 17.1 -> 23.3: half of each four is empty)."""
+    """16-column blocks per GEMV warp unit, from the H200 sweeps (bench/gemv_sweep.py, bench/NOTES.md v16 and v23).
+    Up to 8 tokens: four blocks (12 warps) once a CTA has three or more, else pairs (16 warps). Two token blocks:
+    fours (8 warps) where their padded blocks per CTA, at 0.85 of a pair's time each, cost less than the pairs' ones
+    (12 warps). Single blocks when a CTA has only one. Measured pairs -> fours at M = 16 (us): Mistral-7B qkv (3
+    blocks per CTA) 10.3 -> 9.5, gate_up (14) 29.0 -> 27.9, o and down (2) 7.2 -> 8.9 and 17.1 -> 23.3;
+    Llama-2-70B o and down (4) 18.4 -> 16.5 and 54.2 -> 47.8, gate_up (28) 104.8 -> 90.6, qkv (5) 24.3 -> 27.4."""
     most = -(-NT16 // grid)
     if most < 2:
         return 1
-    return 4 if most >= 3 else 2
+    if M <= 8:
+        return 4 if most >= 3 else 2
+    return 4 if _GEMV_FOUR_SLOT * -(-most // 4) * 4 < -(-most // 2) * 2 else 2
 
 
 def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: int = 132,
