@@ -1,10 +1,10 @@
 """A/B of GEMV variants with other launch bounds / register stages (the kernel's THR and STG template arguments)
 on the Mistral-7B layers, timed like `python -m awq_cupy bench`. Usage:
     [GS_MS=1,8,16] python3 bench/gemv_stages.py RUN...
-RUN is "name:token_blocks,tiles,threads,stages[,warps]" (threads 0 = the variant's default bound, stages 0 = its
-default stages; warps defaults to threads / 32). Each (layer, M) line times the runs whose token blocks fit M;
-outputs are checked against the first such run (close, not bitwise: the warps' work split may differ). Last, the
-sum over the four layers per run and M.
+RUN is "name:token_blocks,tiles[,threads,stages[,warps]]" (threads and stages both given, or both 0 / left out for
+the variant's defaults; warps defaults to threads / 32, or to the plan's). Each (layer, M) line times the runs whose
+token blocks fit M; outputs are checked against the first such run (close, not bitwise: the warps' work split may
+differ). Last, the sum over the four layers per run and M.
 """
 import dataclasses
 import os
@@ -28,8 +28,8 @@ def variant(nb, tw, thr, stg, aligned=True):
     base = kernels.gemv_variant("float16", nb, tw, aligned)
     if not thr and not stg:
         return base
-    thr = thr or 32 * kernels.gemv_max_warps(nb, tw, arch_of_device(0))
-    stg = stg or (3 if nb == 1 and (tw == 1 or (tw == 2 and aligned)) else 2)   # awq_gemv::Bounds
+    if not (thr and stg):
+        raise SystemExit(f"threads={thr}, stages={stg}: give both, or neither for the variant's defaults")
     return base[:-1] + f", {thr}, {stg}>"
 
 
