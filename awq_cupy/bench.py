@@ -35,7 +35,7 @@ CONTENDERS = ("awq_cupy", "cublas_fp16", "dequant_cublas")
 # its default plan, or 1, 2 or 4 16-column blocks per warp unit (M <= 16; 4 only for M <= 8), the fused
 # tensor-core GEMM as dispatched, and its mma.sync (gemm_sw) and wgmma (gemm_wg, compute capability 9.0 only)
 # kernels whatever the table says.
-PATHS = ("gemv", "gemv1", "gemv2", "gemv4", "gemm", "gemm_sw", "gemm_wg")
+PATHS = ("gemv", "gemv1", "gemv2", "gemv3", "gemv4", "gemm", "gemm_sw", "gemm_wg")
 
 
 @dataclass
@@ -183,9 +183,8 @@ def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, co
             calls = {
                 "awq_cupy": lambda i: awq_cupy.matmul(x, wq[i % nq], out=y),
                 "gemv": lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, dtype, sms),
-                "gemv1": lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, dtype, sms, tiles=1),
-                "gemv2": lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, dtype, sms, tiles=2),
-                "gemv4": lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, dtype, sms, tiles=4),
+                **{f"gemv{t}": (lambda t: lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, dtype, sms,
+                                                                     tiles=t))(t) for t in (1, 2, 3, 4)},
                 "gemm": lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, dtype, arch, sms, False),
                 "gemm_sw": lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, dtype, arch, sms, False,
                                                       wgmma=False),
@@ -196,7 +195,7 @@ def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, co
             }
             res = {}
             for c in contenders:
-                if c.startswith("gemv") and M > (8 if c == "gemv4" else 16):
+                if c.startswith("gemv") and M > 16:
                     continue
                 if c == "gemm_wg" and not ops.has_wgmma(arch):
                     continue

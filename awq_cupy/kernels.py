@@ -68,7 +68,7 @@ GEMM_TC = KernelFamily("gemm_tc", "gemm_tc.cu", _gemm_variants, hot=True)
 # blocks, or there is one group), one or two units loaded ahead in registers. One CTA per SM of up to 16 warps (12
 # when TW * NB >= 4, 8 when TW * NB = 8: registers).
 GEMV_TOKEN_BLOCKS = (1, 2)
-GEMV_SHAPES = ((1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4))   # (token blocks, tiles) pairs instantiated
+GEMV_SHAPES = ((1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2), (2, 3), (2, 4))   # (token blocks, tiles)
 
 
 def gemv_max_warps(token_blocks: int, tiles: int, arch: Arch) -> int:

@@ -366,24 +366,24 @@ def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> boo
     return dense < fused
 
 
-# Two token blocks: time per column-group slot of the four-block variant (8 warps) relative to the pair variant
-# (12 warps), fitted on the H200 (bench/NOTES.md v23).
-_GEMV_FOUR_SLOT = 0.85
+# Time per 16-column block slot of a warp unit (the padded blocks of a CTA's last column group included) of the
+# three- and two-block variants relative to the four-block one, for one and two token blocks: fitted on the H200
+# over the Mistral-7B and Llama-2-70B layers (2, 3, 4, 5, 14 and 28 blocks per CTA; bench/NOTES.md v24).
+_GEMV_SLOT = {1: {4: 1.0, 3: 1.25, 2: 1.2}, 2: {4: 1.0, 3: 1.0, 2: 1.18}}
 
 
 def gemv_tiles_for(M: int, NT16: int, grid: int) -> int:
-    """16-column blocks per GEMV warp unit, from the H200 sweeps (bench/gemv_sweep.py, bench/NOTES.md v16 and v23).
-    Up to 8 tokens: four blocks (12 warps) once a CTA has three or more, else pairs (16 warps). Two token blocks:
-    fours (8 warps) where their padded blocks per CTA, at 0.85 of a pair's time each, cost less than the pairs' ones
-    (12 warps). Single blocks when a CTA has only one. Measured pairs -> fours at M = 16 (us): Mistral-7B qkv (3
-    blocks per CTA) 10.3 -> 9.5, gate_up (14) 29.0 -> 27.9, o and down (2) 7.2 -> 8.9 and 17.1 -> 23.3;
-    Llama-2-70B o and down (4) 18.4 -> 16.5 and 54.2 -> 47.8, gate_up (28) 104.8 -> 90.6, qkv (5) 24.3 -> 27.4."""
+    """16-column blocks per GEMV warp unit: the variant whose padded blocks per CTA (a CTA takes its blocks TW at a
+    time), each at its relative slot time (``_GEMV_SLOT``), cost least; the larger unit on a tie; single blocks
+    when a CTA has only one. From the H200 sweeps (bench/gemv_sweep.py, bench/NOTES.md v16, v23, v24): up to 8
+    tokens pairs at 2 and 5 blocks per CTA, threes at 3, fours at 4, 14 and 28; at 9..16 tokens pairs at 2, threes
+    at 3, 5 and 14, fours at 4 and 28. Measured at 3 blocks per CTA (Mistral-7B qkv, us): M = 1 fours 7.4, threes
+    6.7; M = 16 fours 9.5, threes 8.8."""
     most = -(-NT16 // grid)
     if most < 2:
         return 1
-    if M <= 8:
-        return 4 if most >= 3 else 2
-    return 4 if _GEMV_FOUR_SLOT * -(-most // 4) * 4 < -(-most // 2) * 2 else 2
+    slot = _GEMV_SLOT[1 if M <= 8 else 2]
+    return min(slot, key=lambda tw: (-(-most // tw) * tw * slot[tw], -tw))
 
 
 def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: int = 132,
@@ -614,6 +614,8 @@ def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, 
 
     if wg:
         smem = gemm_wg_smem_bytes(nb)
+        if ksplit is None and pend is not None:   # two-stream variants exist for the default PEND only
+            ksplit = 1
         ks = 1 if ksplit is None else ksplit   # None: the plan chooses (wgmma_ksplit)
         gk, p = planned(kernel("gemm_wg", gemm_wg_variant(kind, nb, tw, depth, aligned, pend, ks), w.device), smem,
                         ksplit)

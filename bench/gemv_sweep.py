@@ -1,6 +1,6 @@
 """Sweep the GEMV's launch parameters (blocks per unit, warps per CTA) on model layers, timed like
 `python -m awq_cupy bench` (queue preloaded, weights rotated). Usage:
-    python3 bench/gemv_sweep.py [M,...]   (default 1,8)
+    python3 bench/gemv_sweep.py [M,...] [model]   (default 1,8 and mistral-7b)
 For M > 8 the fused GEMM's planned launch is timed too (the dispatch crossover). Prints the eight best plans per
 (layer, M) and the sums of the best GEMV plan and of the GEMM.
 """
@@ -20,7 +20,7 @@ sms = ops._sm_count(0)
 timer = Timer()
 rng = np.random.default_rng(0)
 sums = {}
-for name, K, N in MODELS["mistral-7b"]:
+for name, K, N in MODELS[sys.argv[2] if len(sys.argv) > 2 else "mistral-7b"]:
     G = 128
     wq = rotated_weights(rng, K, N, G)
     nq = len(wq)

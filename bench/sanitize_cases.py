@@ -36,7 +36,7 @@ for K, N, G, kinds in [(24, 8, -1, ("float16", "bfloat16")), (96, 72, 32, ("floa
                 awq_cupy.matmul(x, w, bias=bias)
             awq_cupy.matmul(x, w, batch_invariant=True)
             if M <= 16:   # every GEMV variant, whatever the dispatch table picks
-                for tiles in (1, 2, 4):
+                for tiles in (1, 2, 3, 4):
                     y = cp.empty((M, N), dtype=x.dtype)
                     awq_cupy.ops._launch_gemv(x, w, bias, y, M, kind, awq_cupy.ops._sm_count(w.device), tiles=tiles)
             for wg in sorted({False, ops.has_wgmma(arch_of_device(w.device))}) if M > 8 else ():

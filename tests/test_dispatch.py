@@ -92,7 +92,7 @@ def test_gemv_plan_rejects_bad_m():
         with pytest.raises(ValueError, match="GEMV"):
             plan_gemv(M, 64, 64, 64)
     with pytest.raises(ValueError, match="tiles"):
-        plan_gemv(1, 64, 64, 64, tiles=3)
+        plan_gemv(1, 64, 64, 64, tiles=5)
     with pytest.raises(ValueError, match="tiles"):
         plan_gemv(9, 64, 64, 64, tiles=8)
     with pytest.raises(ValueError, match="warps"):
@@ -104,15 +104,17 @@ def test_gemv_plan_rejects_bad_m():
 def test_gemv_tiles_choice():
     from awq_cupy.ops import gemv_tiles_for
 
-    assert gemv_tiles_for(1, 256, 132) == 2      # two blocks per CTA: one pair
-    assert gemv_tiles_for(1, 384, 132) == 4      # three blocks per CTA: one four, partly empty
-    assert gemv_tiles_for(1, 1792, 132) == 4     # ~14 blocks per CTA: fours (x shared by more blocks)
-    assert gemv_tiles_for(8, 1792, 132) == 4
-    # two token blocks: fours (8 warps) where their padding costs less than the pairs' (H200, bench/NOTES.md v23)
-    for NT16, tiles in ((384, 4), (1792, 4), (256, 2), (512, 4), (3584, 4), (640, 2), (132 * 6, 2), (132 * 7, 4),
-                        (132 * 10, 2)):
-        assert gemv_tiles_for(16, NT16, 132) == tiles, NT16
+    # the fastest variant measured per layer on the H200 (bench/gemv_sweep.py, bench/NOTES.md v24): (NT16, tiles)
+    # for Mistral-7B o/down (2 blocks per CTA), qkv (3), gate_up (14), Llama-2-70B o/down (4), qkv (5), gate_up (28)
+    up_to_8 = ((256, 2), (384, 3), (1792, 4), (512, 4), (640, 2), (3584, 4))
+    up_to_16 = ((256, 2), (384, 3), (1792, 3), (512, 4), (640, 3), (3584, 4))
+    for M, table in ((1, up_to_8), (8, up_to_8), (9, up_to_16), (16, up_to_16)):
+        for NT16, tiles in table:
+            assert gemv_tiles_for(M, NT16, 132) == tiles, (M, NT16)
     assert gemv_tiles_for(1, 4, 4) == 1          # one block per CTA
+    assert gemv_tiles_for(16, 132, 132) == 1
+    # a tie between fours and threes (12 blocks per CTA, two token blocks) goes to the larger unit
+    assert gemv_tiles_for(16, 132 * 12, 132) == 4
 
 
 def test_tune_choice_from_measurements():

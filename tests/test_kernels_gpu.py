@@ -235,7 +235,7 @@ GEMV_SHAPES = [(4096, 1024, 128), (1000, 200, -1), (384, 4160, 32), (768, 96, 96
                (14336, 64, 128), (8, 8, -1), (2048, 520, 64)]
 
 
-@pytest.mark.parametrize("tiles", [1, 2, 4])
+@pytest.mark.parametrize("tiles", [1, 2, 3, 4])
 @pytest.mark.parametrize("K,N,G", GEMV_SHAPES)
 @pytest.mark.parametrize("kind", ["float16", "bfloat16"])
 def test_gemv_variants_against_reference(rng, tiles, K, N, G, kind):
@@ -243,8 +243,10 @@ def test_gemv_variants_against_reference(rng, tiles, K, N, G, kind):
     w = _weight(Q, Z, S, G, kind)
     W64 = kernel_weight(Q, Z, S, G, kind, rounded=False)
     bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
+    from awq_cupy.kernels import GEMV_SHAPES as instantiated
+
     for M in (1, 3, 8, 9, 16):
-        if tiles == 4 and M > 8:
+        if (-(-M // 8), tiles) not in instantiated:
             continue
         x = random_x(rng, M, K, kind)
         assert_matmul_close(_gemv(x, w, tiles, bias), x, W64, kind, bias=bias,
@@ -278,11 +280,13 @@ def test_gemv_is_deterministic_and_rows_are_independent(rng):
     Q, Z, S, G = random_layer(rng, K, N, 128)
     w = _weight(Q, Z, S, G, "float16")
     x = random_x(rng, 16, K, "float16")
-    for tiles in (1, 2, 4):
+    from awq_cupy.kernels import GEMV_SHAPES as instantiated
+
+    for tiles in (1, 2, 3, 4):
         rows = np.concatenate([_gemv(x[i:i + 1], w, tiles) for i in range(16)])
         one = plan_gemv(1, K, N, G, tiles=tiles)
         for M in (3, 8, 16):
-            if tiles == 4 and M > 8:
+            if (-(-M // 8), tiles) not in instantiated:
                 continue
             a, b = _gemv(x[:M], w, tiles), _gemv(x[:M], w, tiles)
             np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=f"run to run, M={M}")
@@ -424,6 +428,31 @@ def test_matmul_takes_two_k_streams_where_planned(rng):
         assert_matmul_close(y, x, W64, kind, bias=bias, what=f"matmul, two K streams, {kind}")
         one = _gemm(x, w, None, None, bias, wgmma=True, ksplit=1)
         assert_matmul_close(one, x, W64, kind, bias=bias, what=f"one stream, {kind}")
+
+
+def test_explicit_pend_keeps_one_k_stream(rng):
+    """A launch that names the wgmma kernel's PEND but not the K streams, on a shape whose plan takes two K streams
+    (which exist for the default PEND only), runs the one-stream kernel with that PEND: correct, no missing
+    variant."""
+    from awq_cupy import ops
+    from awq_cupy.jit import arch_of_device
+    from awq_cupy.kernels import GEMM_WG_PEND_TWO_PER_SM
+
+    if not _has_wgmma():
+        pytest.skip("the wgmma GEMM needs compute capability 9.0")
+    K, N, M = 2048, 5712, 70
+    Q, Z, S, G = random_layer(rng, K, N, 128)
+    w = _weight(Q, Z, S, G, "float16")
+    W64 = kernel_weight(Q, Z, S, G, "float16")
+    sms = ops._sm_count(w.device)
+    plan = ops.plan_gemm(M, K, N, G, wgmma=True, sm_count=sms, resident=sms)
+    shape = (plan["token_blocks"], plan["tiles"], plan["depth"])
+    assert plan["ksplit"] == 2 and shape in GEMM_WG_PEND_TWO_PER_SM, plan
+    x = random_x(rng, M, K, "float16")
+    y = cp.full((M, N), np.nan, dtype=cp.float16)
+    ops._launch_gemm(cp.asarray(x), w, ops._NULL, y, M, "float16", arch_of_device(w.device), sms, False,
+                     wgmma=True, pend=GEMM_WG_PEND_TWO_PER_SM[shape])
+    assert_matmul_close(y.get(), x, W64, "float16", what="explicit PEND, planned two K streams")
 
 
 def test_splitk_reduce_columns_per_thread_give_the_same_bits(rng):
