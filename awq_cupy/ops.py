@@ -368,30 +368,34 @@ def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> boo
 
 # Time per 16-column block slot of a warp unit (the padded blocks of a CTA's last column group included) of the
 # three- and two-block variants relative to the four-block one, for one and two token blocks: fitted on the H200
-# over the Mistral-7B and Llama-2-70B layers (2, 3, 4, 5, 14 and 28 blocks per CTA; bench/NOTES.md v24).
+# over the Mistral-7B and Llama-2-70B layers (2, 3, 4, 5, 14 and 28 blocks per CTA; bench/NOTES.md v24). With bf16
+# activations the (2, 3) variant measured slower than fours at 3 and 14 blocks per CTA (it runs at the register
+# cap of 12 warps), so there two token blocks keep fours and pairs.
 _GEMV_SLOT = {1: {4: 1.0, 3: 1.25, 2: 1.2}, 2: {4: 1.0, 3: 1.0, 2: 1.18}}
+_GEMV_SLOT_BF16 = {1: _GEMV_SLOT[1], 2: {4: 1.0, 3: 1.4, 2: 1.18}}
 
 
-def gemv_tiles_for(M: int, NT16: int, grid: int) -> int:
+def gemv_tiles_for(M: int, NT16: int, grid: int, dtype: str = "float16") -> int:
     """16-column blocks per GEMV warp unit: the variant whose padded blocks per CTA (a CTA takes its blocks TW at a
     time), each at its relative slot time (``_GEMV_SLOT``), cost least; the larger unit on a tie; single blocks
     when a CTA has only one. From the H200 sweeps (bench/gemv_sweep.py, bench/NOTES.md v16, v23, v24): up to 8
     tokens pairs at 2 and 5 blocks per CTA, threes at 3, fours at 4, 14 and 28; at 9..16 tokens pairs at 2, threes
-    at 3, 5 and 14, fours at 4 and 28. Measured at 3 blocks per CTA (Mistral-7B qkv, us): M = 1 fours 7.4, threes
-    6.7; M = 16 fours 9.5, threes 8.8."""
+    at 3, 5 and 14, fours at 4 and 28 (bf16: pairs at 2 and 5, fours otherwise). Measured at 3 blocks per CTA
+    (Mistral-7B qkv, fp16, us): M = 1 fours 7.4, threes 6.7; M = 16 fours 9.5, threes 8.8."""
     most = -(-NT16 // grid)
     if most < 2:
         return 1
-    slot = _GEMV_SLOT[1 if M <= 8 else 2]
+    slot = (_GEMV_SLOT_BF16 if dtype == "bfloat16" else _GEMV_SLOT)[1 if M <= 8 else 2]
     return min(slot, key=lambda tw: (-(-most // tw) * tw * slot[tw], -tw))
 
 
 def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: int = 132,
-              tiles: int | None = None, warps: int | None = None) -> dict:
+              tiles: int | None = None, warps: int | None = None, dtype: str = "float16") -> dict:
     """Launch plan of the GEMV for M <= 16 tokens on ``arch`` (a jit.Arch; default sm_90): dict(token_blocks,
     tiles, aligned, grid, warps, smem, NT16). One CTA per SM (at most one per 16-column block) of the variant's
-    warp count. ``tiles`` (blocks per warp unit) defaults to ``gemv_tiles_for``; ``warps`` overrides the warp
-    count (for tuning). The plan depends on (M, K, N, G) and the GPU, and so does the summation order."""
+    warp count. ``tiles`` (blocks per warp unit) defaults to ``gemv_tiles_for`` (of the activations' ``dtype``);
+    ``warps`` overrides the warp count (for tuning). The plan depends on (M, K, N, G), the dtype and the GPU, and
+    so does the summation order."""
     from .jit import ARCHS
     from .kernels import GEMV_SHAPES, GEMV_TOKEN_BLOCKS, gemv_max_warps, gemv_smem_bytes
     from .layout import padded_sizes
@@ -403,7 +407,7 @@ def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: i
     Kp, Np = padded_sizes(K, N)
     NT16 = Np // 16
     grid = max(1, min(NT16, sm_count))
-    tw = tiles if tiles is not None else gemv_tiles_for(M, NT16, grid)
+    tw = tiles if tiles is not None else gemv_tiles_for(M, NT16, grid, dtype)
     if (nb, tw) not in GEMV_SHAPES:
         raise ValueError(f"tiles={tw} is not a GEMV variant for M={M}; instantiated (token blocks, tiles): "
                          f"{GEMV_SHAPES}")
@@ -432,7 +436,8 @@ def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count, tiles=None, warps=None)
     from .kernels import gemv_variant, kernel
 
     arch = arch_of_device(w.device)
-    p = plan_gemv(M, w.K, w.N, w.group_size, arch=arch, sm_count=sm_count, tiles=tiles, warps=warps)
+    p = plan_gemv(M, w.K, w.N, w.group_size, arch=arch, sm_count=sm_count, tiles=tiles, warps=warps,
+                  dtype=kind)
     k = kernel("gemv_tc", gemv_variant(kind, p["token_blocks"], p["tiles"], p["aligned"]), w.device)
     k.launch((p["grid"],), (32 * p["warps"],),
              (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(w.K),

@@ -1,6 +1,6 @@
 """Sweep the GEMV's launch parameters (blocks per unit, warps per CTA) on model layers, timed like
 `python -m awq_cupy bench` (queue preloaded, weights rotated). Usage:
-    python3 bench/gemv_sweep.py [M,...] [model]   (default 1,8 and mistral-7b)
+    python3 bench/gemv_sweep.py [M,...] [model] [dtype]   (default 1,8, mistral-7b and float16)
 For M > 8 the fused GEMM's planned launch is timed too (the dispatch crossover). Prints the eight best plans per
 (layer, M) and the sums of the best GEMV plan and of the GEMM.
 """
@@ -15,6 +15,8 @@ from awq_cupy.jit import arch_of_device
 from awq_cupy.kernels import GEMV_SHAPES
 
 ms = [int(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else [1, 8]
+kind = sys.argv[3] if len(sys.argv) > 3 else "float16"
+dt = ops.numpy_dtype(kind)
 arch = arch_of_device(0)
 sms = ops._sm_count(0)
 timer = Timer()
@@ -22,11 +24,11 @@ rng = np.random.default_rng(0)
 sums = {}
 for name, K, N in MODELS[sys.argv[2] if len(sys.argv) > 2 else "mistral-7b"]:
     G = 128
-    wq = rotated_weights(rng, K, N, G)
+    wq = rotated_weights(rng, K, N, G, dtype=kind)
     nq = len(wq)
     for M in ms:
-        x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
-        y = cp.empty((M, N), cp.float16)
+        x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16).astype(np.float32).astype(dt))
+        y = cp.empty((M, N), dt)
         res = []
         for nb, tw in GEMV_SHAPES:
             if nb != -(-M // 8):
@@ -36,13 +38,13 @@ for name, K, N in MODELS[sys.argv[2] if len(sys.argv) > 2 else "mistral-7b"]:
                     ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, tiles=tw, warps=warps)
                 except ValueError:
                     continue
-                us = timer(lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, "float16", sms, tiles=tw,
+                us = timer(lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, kind, sms, tiles=tw,
                                                       warps=warps), max(20, nq), 3)
                 res.append((us, tw, warps))
                 best = sums.setdefault((M, "gemv"), {})
                 best[name] = min(best.get(name, us), us)
         if M > 8:
-            us = timer(lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, "float16", arch, sms, False),
+            us = timer(lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, kind, arch, sms, False),
                        max(20, nq), 3)
             sums.setdefault((M, "gemm"), {})[name] = us
             res.append((us, "gemm", 0))

@@ -111,6 +111,12 @@ def test_gemv_tiles_choice():
     for M, table in ((1, up_to_8), (8, up_to_8), (9, up_to_16), (16, up_to_16)):
         for NT16, tiles in table:
             assert gemv_tiles_for(M, NT16, 132) == tiles, (M, NT16)
+    # bf16: (2, 3) measured slower than fours at 3 and 14 blocks per CTA, so two token blocks keep fours and pairs
+    for NT16, tiles in ((256, 2), (384, 4), (1792, 4), (512, 4), (640, 2), (3584, 4)):
+        assert gemv_tiles_for(16, NT16, 132, "bfloat16") == tiles, NT16
+    assert gemv_tiles_for(1, 384, 132, "bfloat16") == 3
+    assert plan_gemv(16, 4096, 6144, 128, dtype="bfloat16")["tiles"] == 4
+    assert plan_gemv(16, 4096, 6144, 128)["tiles"] == 3
     assert gemv_tiles_for(1, 4, 4) == 1          # one block per CTA
     assert gemv_tiles_for(16, 132, 132) == 1
     # a tie between fours and threes (12 blocks per CTA, two token blocks) goes to the larger unit
