@@ -71,11 +71,11 @@ GEMV_TOKEN_BLOCKS = (1, 2)
 GEMV_SHAPES = ((1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2), (2, 3), (2, 4))   # (token blocks, tiles)
 
 
-def gemv_max_warps(token_blocks: int, tiles: int, arch: Arch) -> int:
-    """Warps per CTA the variant is compiled for (``awq_gemv::Bounds`` in the kernel)."""
+def gemv_max_warps(token_blocks: int, tiles: int, arch: Arch, aligned: bool = True) -> int:
+    """Warps per CTA the variant is compiled for (``awq_gemv::Bounds`` in the kernel; ``aligned``: GA)."""
     if tiles * token_blocks >= 8:
         return 8
-    if tiles * token_blocks >= 4:
+    if tiles * token_blocks >= 4 or (tiles == 3 and not aligned):
         return 8 if arch.cc < 80 else 12
     return 16
 

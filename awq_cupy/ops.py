@@ -411,13 +411,15 @@ def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: i
     if (nb, tw) not in GEMV_SHAPES:
         raise ValueError(f"tiles={tw} is not a GEMV variant for M={M}; instantiated (token blocks, tiles): "
                          f"{GEMV_SHAPES}")
-    most = gemv_max_warps(nb, tw, arch)
+    NG = max(1, K // group_size)
+    aligned = group_size % 64 == 0 or NG == 1
+    most = gemv_max_warps(nb, tw, arch, aligned)
     w = most if warps is None else warps
     if not 1 <= w <= most:
-        raise ValueError(f"warps={warps}: the GEMV variant for M={M}, tiles={tw} runs 1 to {most} warps per CTA")
-    NG = max(1, K // group_size)
-    return dict(token_blocks=nb, tiles=tw, aligned=group_size % 64 == 0 or NG == 1, grid=grid, NT16=NT16,
-                warps=w, smem=gemv_smem_bytes(w, nb, tw))
+        raise ValueError(f"warps={warps}: the GEMV variant for M={M}, tiles={tw}, G={group_size} runs 1 to {most} "
+                         f"warps per CTA")
+    return dict(token_blocks=nb, tiles=tw, aligned=aligned, grid=grid, NT16=NT16, warps=w,
+                smem=gemv_smem_bytes(w, nb, tw))
 
 
 def uses_pdl(arch) -> bool:

@@ -40,7 +40,9 @@ namespace awq_gemv {
 // 4 blocks x 2 token blocks 225-254). sm_75 has fewer registers per thread at 384 threads than the 4-block variant
 // needs without spilling.
 template <int NB, int TW, bool GA> struct Bounds {
-  static constexpr int threads = (TW * NB >= 8) ? 256 : (TW * NB >= 4) ? (AWQ_CUPY_CC < 800 ? 256 : 384) : 512;
+  // (1, 3) with two scale groups per unit spills at 512 threads: it takes the 4-block bound
+  static constexpr int threads =
+      (TW * NB >= 8) ? 256 : (TW * NB >= 4 || (TW == 3 && !GA)) ? (AWQ_CUPY_CC < 800 ? 256 : 384) : 512;
   // units in registers (S - 1 loading ahead); two scale groups per unit cost too many registers for three
   static constexpr int stages = (NB == 1 && (TW == 1 || (TW == 2 && GA))) ? 3 : 2;
 };

@@ -82,7 +82,7 @@ def test_gemv_plan_fits_the_arch(M, arch):
                 continue
             p = plan_gemv(M, K, N, G, arch=a, tiles=tiles)
             assert p["smem"] <= a.smem_optin
-            assert 1 <= p["warps"] <= kernels.gemv_max_warps(nb, tiles, a)
+            assert 1 <= p["warps"] <= kernels.gemv_max_warps(nb, tiles, a, p["aligned"])
             assert p["grid"] <= 132 and p["grid"] <= p["NT16"] and p["NT16"] * 16 >= N
             assert p["aligned"] == (G % 64 == 0 or K // G == 1)
 
@@ -99,6 +99,10 @@ def test_gemv_plan_rejects_bad_m():
         plan_gemv(1, 64, 64, 64, tiles=4, warps=16)
     with pytest.raises(ValueError, match="warps"):
         plan_gemv(9, 64, 64, 64, tiles=4, warps=12)   # two token blocks x four blocks: 8 warps
+    assert plan_gemv(1, 4096, 4096, 128, tiles=3)["warps"] == 16
+    assert plan_gemv(1, 4096, 4096, 32, tiles=3)["warps"] == 12   # two scale groups per unit: 12 warps
+    with pytest.raises(ValueError, match="warps"):
+        plan_gemv(1, 4096, 4096, 32, tiles=3, warps=16)
 
 
 def test_gemv_tiles_choice():
