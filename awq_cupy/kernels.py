@@ -66,7 +66,7 @@ GEMM_TC = KernelFamily("gemm_tc", "gemm_tc.cu", _gemm_variants, hot=True)
 # Swapped-operand tensor-core GEMV for M <= 16 (kernels_cu/gemv_tc.cu): token blocks of 8 per mma (NB), column
 # groups of TW 16-column blocks per warp unit, one or two scale groups per 64-k unit (GA: groups span whole 64-k
 # blocks, or there is one group), one or two units loaded ahead in registers. One CTA per SM of up to 16 warps (12
-# when TW * NB >= 4, 8 when TW * NB = 8: registers).
+# when TW * NB >= 4 and for (1, 3) with two scale groups per unit, 8 when TW * NB >= 8: registers).
 GEMV_TOKEN_BLOCKS = (1, 2)
 GEMV_SHAPES = ((1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2), (2, 3), (2, 4))   # (token blocks, tiles)
 
