@@ -32,7 +32,7 @@ DEFAULT_M = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 QUICK_M = [1, 16, 64, 256, 1024]
 CONTENDERS = ("awq_cupy", "cublas_fp16", "dequant_cublas")
 # awq_cupy's individual paths, whatever the dispatch table would pick (for `tune` and kernel work): the GEMV with
-# its default plan, or 1, 2 or 4 16-column blocks per warp unit (M <= 16; 4 only for M <= 8), the fused
+# its default plan, or 1, 2, 3 or 4 16-column blocks per warp unit (M <= 16), the fused
 # tensor-core GEMM as dispatched, and its mma.sync (gemm_sw) and wgmma (gemm_wg, compute capability 9.0 only)
 # kernels whatever the table says.
 PATHS = ("gemv", "gemv1", "gemv2", "gemv3", "gemv4", "gemm", "gemm_sw", "gemm_wg")
