@@ -7,6 +7,9 @@ capturing a CUDA graph (CuPy cannot capture cuBLAS), nor with ``batch_invariant`
 ``wgmma_min_m``: on GPUs that have the Hopper wgmma GEMM (kernels_cu/gemm_wg.cu, compute capability 9.0), the
 smallest M at which the fused GEMM is that kernel rather than the mma.sync one (kernels_cu/gemm_tc.cu); None:
 never. ``batch_invariant`` matmul runs one GEMM kernel for every M: the wgmma one unless this is None.
+``gemv_slot``: the GEMV's relative time per 16-column block slot of its 2-, 3- and 4-block variants, per dtype and
+token blocks, from which ``ops.gemv_tiles_for`` picks the variant per layer shape; None: the H200's
+(``H200_GEMV_SLOT``).
 
 The built-in rows below were measured with ``python -m awq_cupy bench`` (bench/NOTES.md). ``python -m awq_cupy
 tune`` measures them on the GPU at hand and writes a JSON table; ``for_arch`` reads that file when it exists:
@@ -16,11 +19,48 @@ cache directory, ``$AWQ_CUPY_CACHE_DIR`` or ``~/.cache/awq_cupy``). Archs withou
 from __future__ import annotations
 
 import json
+import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 GEMV_LIMIT = 16      # the GEMV kernel's largest M (two token blocks of 8)
+
+# The GEMV's blocks per warp unit (ops.gemv_tiles_for) come from a time per 16-column block slot of its 2-, 3- and
+# 4-block variants, per activation dtype and token blocks (1: M <= 8, 2: M = 9..16), relative to the 4-block one.
+# H200: `tune.fit_gemv_slot` over bench/results/h200_gemv_sweep_v24.txt (fp16, the Mistral-7B and Llama-2-70B layers:
+# 2, 3, 4, 5, 14 and 28 blocks per CTA, M = 1 and 16) and h200_gemv_sweep_v24_bf16.txt (bf16, Mistral-7B); each
+# picks the measured fastest variant on every layer (bench/NOTES.md v24). A row without its own ``gemv_slot`` uses
+# these; `python -m awq_cupy tune` fits the GPU's own.
+GEMV_SLOT_TILES = (2, 3, 4)
+H200_GEMV_SLOT = {"float16": {1: {4: 1.0, 3: 1.17, 2: 1.16}, 2: {4: 1.0, 3: 1.05, 2: 1.23}},
+                  "bfloat16": {1: {4: 1.0, 3: 1.21, 2: 1.25}, 2: {4: 1.0, 3: 1.34, 2: 1.3}}}
+
+
+def _gemv_slot(v) -> dict:
+    """``gemv_slot`` with integer keys (a JSON file has strings), checked: {dtype: {token blocks: {tiles: time}}}."""
+    if not isinstance(v, dict) or not v:
+        raise ValueError(f"dispatch gemv_slot={v!r} must be a non-empty {{dtype: {{token blocks: {{tiles: time}}}}}}")
+    out = {}
+    for dt, per_nb in v.items():
+        if dt not in ("float16", "bfloat16") or not isinstance(per_nb, dict) or not per_nb:
+            raise ValueError(f"dispatch gemv_slot: {dt!r}: a dtype (float16, bfloat16) mapping token blocks (1, 2) "
+                             f"to {{tiles: time}}")
+        out[dt] = {}
+        for nb, per_tw in per_nb.items():
+            try:
+                nbi = int(nb)
+                tws = {int(tw): t for tw, t in per_tw.items()}
+            except (TypeError, ValueError, AttributeError):
+                raise ValueError(f"dispatch gemv_slot[{dt!r}]: {nb!r}: {per_tw!r} is not {{tiles: time}}") from None
+            if nbi not in (1, 2) or not tws or not set(tws) <= set(GEMV_SLOT_TILES):
+                raise ValueError(f"dispatch gemv_slot[{dt!r}][{nb!r}]: token blocks 1 or 2, tiles among "
+                                 f"{GEMV_SLOT_TILES}, got {per_tw!r}")
+            for tw, t in tws.items():
+                if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t <= 0:
+                    raise ValueError(f"dispatch gemv_slot[{dt!r}][{nb!r}][{tw}]={t!r} must be a positive number")
+            out[dt][nbi] = tws
+    return out
 
 
 @dataclass(frozen=True)
@@ -34,8 +74,12 @@ class Dispatch:
     fused_unit_us: float | None = None
     dequant_tbps: float | None = None
     cublas_tflops: float | None = None
+    # GEMV slot times ({dtype: {token blocks: {tiles: time}}}, see H200_GEMV_SLOT); None: the H200's.
+    gemv_slot: dict | None = field(default=None, hash=False)
 
     def __post_init__(self):
+        if self.gemv_slot is not None:
+            object.__setattr__(self, "gemv_slot", _gemv_slot(self.gemv_slot))
         for name in ("gemv_max_m", "cublas_min_m"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
@@ -60,6 +104,12 @@ class Dispatch:
     @property
     def has_cost_model(self) -> bool:
         return self.fused_unit_us is not None
+
+    def gemv_slot_for(self, dtype: str, token_blocks: int) -> dict[int, float]:
+        """{tiles: relative time per block slot} of the GEMV for ``dtype`` and ``token_blocks``: this row's where it
+        has them, else the H200's."""
+        own = (self.gemv_slot or {}).get(dtype, {}).get(token_blocks)
+        return own if own else H200_GEMV_SLOT.get(dtype, H200_GEMV_SLOT["float16"])[token_blocks]
 
 
 TABLE: dict[str, Dispatch] = {

@@ -366,26 +366,20 @@ def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> boo
     return dense < fused
 
 
-# Time per 16-column block slot of a warp unit (the padded blocks of a CTA's last column group included) of the
-# three- and two-block variants relative to the four-block one, for one and two token blocks: fitted on the H200
-# over the Mistral-7B and Llama-2-70B layers (2, 3, 4, 5, 14 and 28 blocks per CTA; bench/NOTES.md v24). With bf16
-# activations the (2, 3) variant measured slower than fours at 3 and 14 blocks per CTA (it runs at the register
-# cap of 12 warps), so there two token blocks keep fours and pairs.
-_GEMV_SLOT = {1: {4: 1.0, 3: 1.25, 2: 1.2}, 2: {4: 1.0, 3: 1.0, 2: 1.18}}
-_GEMV_SLOT_BF16 = {1: _GEMV_SLOT[1], 2: {4: 1.0, 3: 1.4, 2: 1.18}}
-
-
-def gemv_tiles_for(M: int, NT16: int, grid: int, dtype: str = "float16") -> int:
+def gemv_tiles_for(M: int, NT16: int, grid: int, dtype: str = "float16", slot: dict | None = None) -> int:
     """16-column blocks per GEMV warp unit: the variant whose padded blocks per CTA (a CTA takes its blocks TW at a
-    time), each at its relative slot time (``_GEMV_SLOT``), cost least; the larger unit on a tie; single blocks
-    when a CTA has only one. From the H200 sweeps (bench/gemv_sweep.py, bench/NOTES.md v16, v23, v24): up to 8
-    tokens pairs at 2 and 5 blocks per CTA, threes at 3, fours at 4, 14 and 28; at 9..16 tokens pairs at 2, threes
-    at 3, 5 and 14, fours at 4 and 28 (bf16: pairs at 2 and 5, fours otherwise). Measured at 3 blocks per CTA
-    (Mistral-7B qkv, fp16, us): M = 1 fours 7.4, threes 6.7; M = 16 fours 9.5, threes 8.8."""
+    time), each at its relative slot time, cost least; the larger unit on a tie; single blocks when a CTA has only
+    one. ``slot`` ({tiles: time}) defaults to the H200's for ``dtype`` and M's token blocks
+    (``dispatch.H200_GEMV_SLOT``; ``plan_gemv`` passes the dispatch row's). On the H200 (bench/gemv_sweep.py,
+    bench/NOTES.md v16, v23, v24): up to 8 tokens pairs at 2 and 5 blocks per CTA, threes at 3, fours at 4, 14 and
+    28; at 9..16 tokens pairs at 2, threes at 3, 5 and 14, fours at 4 and 28 (bf16: pairs at 2 and 5, fours
+    otherwise). Measured at 3 blocks per CTA (Mistral-7B qkv, fp16, us): M = 1 fours 7.4, threes 6.7; M = 16 fours
+    9.5, threes 8.8."""
     most = -(-NT16 // grid)
     if most < 2:
         return 1
-    slot = (_GEMV_SLOT_BF16 if dtype == "bfloat16" else _GEMV_SLOT)[1 if M <= 8 else 2]
+    if slot is None:
+        slot = dispatch.H200_GEMV_SLOT.get(dtype, dispatch.H200_GEMV_SLOT["float16"])[1 if M <= 8 else 2]
     return min(slot, key=lambda tw: (-(-most // tw) * tw * slot[tw], -tw))
 
 
@@ -393,8 +387,8 @@ def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: i
               tiles: int | None = None, warps: int | None = None, dtype: str = "float16") -> dict:
     """Launch plan of the GEMV for M <= 16 tokens on ``arch`` (a jit.Arch; default sm_90): dict(token_blocks,
     tiles, aligned, grid, warps, smem, NT16). One CTA per SM (at most one per 16-column block) of the variant's
-    warp count. ``tiles`` (blocks per warp unit) defaults to ``gemv_tiles_for`` (of the activations' ``dtype``);
-    ``warps`` overrides the warp count (for tuning). The plan depends on (M, K, N, G), the dtype and the GPU, and
+    warp count. ``tiles`` (blocks per warp unit) defaults to ``gemv_tiles_for`` (with the dispatch row's slot times
+    for the activations' ``dtype``); ``warps`` overrides the warp count (for tuning). The plan depends on (M, K, N, G), the dtype and the GPU, and
     so does the summation order."""
     from .jit import ARCHS
     from .kernels import GEMV_SHAPES, GEMV_TOKEN_BLOCKS, gemv_max_warps, gemv_smem_bytes
@@ -407,7 +401,11 @@ def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: i
     Kp, Np = padded_sizes(K, N)
     NT16 = Np // 16
     grid = max(1, min(NT16, sm_count))
-    tw = tiles if tiles is not None else gemv_tiles_for(M, NT16, grid, dtype)
+    if tiles is None:
+        slot = dispatch.for_arch(arch.key).gemv_slot_for(dtype, nb)
+        tw = gemv_tiles_for(M, NT16, grid, dtype, slot)
+    else:
+        tw = tiles
     if (nb, tw) not in GEMV_SHAPES:
         raise ValueError(f"tiles={tw} is not a GEMV variant for M={M}; instantiated (token blocks, tiles): "
                          f"{GEMV_SHAPES}")

@@ -11,6 +11,10 @@ does); where the built-in row has a cost model that picks the path per layer sha
 256 on at which dequantize + cuBLAS wins on some measured layer, the model keeping its built-in constants. The
 row goes to ``awq_cupy.dispatch.table_path()`` (or ``--out``) under this GPU's arch key and is used
 by ``matmul`` from then on.
+
+It also times the GEMV's 2-, 3- and 4-block variants at the measured M up to 16 and fits their relative time per
+16-column block slot (``gemv_slot``, see ``fit_gemv_slot``), from which ``ops.gemv_tiles_for`` picks the variant
+for each layer shape.
 """
 from __future__ import annotations
 
@@ -57,6 +61,64 @@ def choose(sums: dict[int, dict[str, float]], per_layer: dict | None = None) -> 
     return gemv_max, max(cublas_min, gemv_max + 1), wgmma_min
 
 
+def fit_gemv_slot(layers: list[tuple[int, dict[int, float]]], step: float = 0.01) -> dict[int, float] | None:
+    """Slot times {2: f2, 3: f3, 4: 1.0} for one token-block count, from measured layers [(blocks per CTA, {tiles:
+    us})]: on a ``step`` grid over [0.5, 2], the (f2, f3) whose choices under ``ops.gemv_tiles_for``'s rule lose
+    the least summed time against each layer's fastest variant; among equals, the one nearest to the mean measured
+    ratios (time per slot against the 4-block variant's, in log terms). None when no layer has two or more blocks
+    per CTA and all three variants measured."""
+    import math
+
+    used = [(b, t) for b, t in layers if b >= 2 and all(tw in t and t[tw] > 0 for tw in (2, 3, 4))]
+    if not used:
+        return None
+
+    def slots(b, tw):
+        return -(-b // tw) * tw
+
+    mean = {tw: sum(math.log((t[tw] / slots(b, tw)) / (t[4] / slots(b, 4))) for b, t in used) / len(used)
+            for tw in (2, 3)}
+    grid = [round(0.5 + i * step, 6) for i in range(int(round(1.5 / step)) + 1)]
+    best = None
+    for f2 in grid:
+        for f3 in grid:
+            f = {2: f2, 3: f3, 4: 1.0}
+            regret = 0.0
+            for b, t in used:
+                pick = min(f, key=lambda tw: (slots(b, tw) * f[tw], -tw))
+                regret += t[pick] - min(t[tw] for tw in (2, 3, 4))
+            dist = (math.log(f2) - mean[2]) ** 2 + (math.log(f3) - mean[3]) ** 2
+            key = (round(regret, 9), dist)
+            if best is None or key < best[0]:
+                best = (key, f)
+    return best[1]
+
+
+def gemv_slot_from_rows(rows, arch, sm_count: int) -> dict[int, dict[int, float]]:
+    """{token blocks: slot times} fitted from benchmark rows of the gemv2/gemv3/gemv4 contenders: each layer's
+    time per variant summed over the measured M of that token-block count (1..8, 9..16)."""
+    from .ops import plan_gemv
+
+    per: dict = {}
+    for r in rows:
+        if r.contender in ("gemv2", "gemv3", "gemv4") and r.M <= 16:
+            nb = 1 if r.M <= 8 else 2
+            key = (nb, r.model, r.layer, r.K, r.N)
+            d = per.setdefault(key, {})
+            d[int(r.contender[-1])] = d.get(int(r.contender[-1]), 0.0) + r.us
+    out = {}
+    for nb in (1, 2):
+        layers = []
+        for (n, _, _, K, N), t in per.items():
+            if n == nb:
+                p = plan_gemv(8 * nb, K, N, 128 if K % 128 == 0 else K, arch=arch, sm_count=sm_count, tiles=4)
+                layers.append((-(-p["NT16"] // p["grid"]), t))
+        fit = fit_gemv_slot(layers)
+        if fit is not None:
+            out[nb] = fit
+    return out
+
+
 def main(args) -> int:
     from ._array import gpu_available
 
@@ -76,8 +138,11 @@ def main(args) -> int:
     arch = arch_of_device(cupy.cuda.runtime.getDevice())
     paths = ["gemv"] + (["gemm_sw", "gemm_wg"] if has_wgmma(arch) else ["gemm"])
     paths += ["dequant_cublas"] if args.dtype == "float16" else []
+    tiles = ["gemv2", "gemv3", "gemv4"]
     rows = run(models, ms, dtype=args.dtype, group_size=args.group_size, trials=args.trials,
-               rotate_mb=args.rotate_mb, contenders=tuple(paths))
+               rotate_mb=args.rotate_mb, contenders=tuple(paths + tiles))
+    slot = gemv_slot_from_rows(rows, arch, cupy.cuda.Device().attributes["MultiProcessorCount"])
+    rows = [r for r in rows if r.contender not in tiles]
     sums: dict[int, dict[str, float]] = {}
     per_layer: dict = {}
     for r in rows:
@@ -88,6 +153,7 @@ def main(args) -> int:
     gemv_max, cublas_min, wgmma_min = choose(sums, per_layer if modelled else None)
     # the built-in cost model (per layer shape from cublas_min_m on) stays with the tuned thresholds
     row = dispatch.Dispatch(gemv_max_m=gemv_max, cublas_min_m=cublas_min, wgmma_min_m=wgmma_min,
+                            gemv_slot={args.dtype: slot} if slot else None,
                             **dispatch.builtin_model(arch.key, cublas_min, wgmma_min))
     env = environment()
     path = args.out or dispatch.table_path()
@@ -100,6 +166,7 @@ def main(args) -> int:
     print(f"{'M':>5} " + " ".join(f"{p:>15}" for p in paths))
     for M in sorted(sums):
         print(f"{M:5d} " + " ".join(f"{sums[M].get(p, float('nan')):15.1f}" for p in paths))
-    print(f"sm_{arch.key}: gemv_max_m={gemv_max}, cublas_min_m={cublas_min}, wgmma_min_m={wgmma_min} "
+    print(f"sm_{arch.key}: gemv_max_m={gemv_max}, cublas_min_m={cublas_min}, wgmma_min_m={wgmma_min}, "
+          f"GEMV slot times ({args.dtype}, per token blocks) {slot or 'not measured (the H200 fit stays)'} "
           f"-> written to {path}")
     return 0

@@ -123,8 +123,88 @@ def test_gemv_tiles_choice():
     assert plan_gemv(16, 4096, 6144, 128)["tiles"] == 3
     assert gemv_tiles_for(1, 4, 4) == 1          # one block per CTA
     assert gemv_tiles_for(16, 132, 132) == 1
-    # a tie between fours and threes (12 blocks per CTA, two token blocks) goes to the larger unit
     assert gemv_tiles_for(16, 132 * 12, 132) == 4
+    # a tie goes to the larger unit
+    assert gemv_tiles_for(16, 132 * 12, 132, slot={4: 1.0, 3: 1.0, 2: 1.5}) == 4
+    assert gemv_tiles_for(1, 1792, 132, slot={2: 1.0, 4: 1.2}) == 2      # a table may leave variants out
+
+
+# The H200 sweep (bench/results/h200_gemv_sweep_v24.txt, fp16, us, the fastest warp count of each variant):
+# (blocks per CTA, {tiles: us}) for Mistral-7B qkv, o, gate_up, down and Llama-2-70B qkv, o, gate_up, down.
+_H200_SWEEP = {
+    1: [(3, {3: 6.7, 4: 7.4, 2: 7.7}), (2, {2: 5.5, 3: 6.3, 4: 7.2}), (14, {4: 20.4, 2: 21.0, 3: 22.3}),
+        (2, {2: 12.2, 3: 15.9, 4: 17.0}), (5, {2: 17.9, 3: 18.3, 4: 19.6}), (4, {4: 12.4, 2: 13.4, 3: 17.5}),
+        (28, {4: 67.2, 2: 75.2, 3: 78.9}), (4, {4: 35.8, 2: 39.0, 3: 54.2})],
+    2: [(3, {3: 8.8, 4: 9.5, 2: 10.3}), (2, {2: 7.3, 3: 8.4, 4: 9.0}), (14, {3: 26.6, 4: 27.8, 2: 28.8}),
+        (2, {2: 17.0, 3: 19.7, 4: 23.2}), (5, {3: 22.3, 2: 24.4, 4: 27.3}), (4, {4: 16.4, 2: 18.5, 3: 22.1}),
+        (28, {4: 90.5, 3: 93.5, 2: 105.0}), (4, {4: 47.8, 2: 54.3, 3: 65.5})],
+}
+
+
+def test_gemv_slot_fit_reproduces_the_h200_choices():
+    """tune's fit on the H200 sweep gives the built-in slot times, and those pick each layer's fastest variant."""
+    from awq_cupy.ops import gemv_tiles_for
+    from awq_cupy.tune import fit_gemv_slot
+
+    for nb, layers in _H200_SWEEP.items():
+        slot = fit_gemv_slot(layers)
+        assert slot == dispatch.H200_GEMV_SLOT["float16"][nb], (nb, slot)
+        for b, t in layers:
+            assert gemv_tiles_for(8 * nb, 132 * b, 132, slot=slot) == min(t, key=t.get), (nb, b, t)
+    # no layer with two or more blocks per CTA, or a variant missing: nothing to fit
+    assert fit_gemv_slot([(1, {2: 1.0, 3: 1.0, 4: 1.0}), (5, {2: 1.0, 4: 1.0})]) is None
+    # a GPU where pairs win everywhere gets a table that picks pairs
+    slot = fit_gemv_slot([(b, {2: 1.0 * b, 3: 2.0 * b, 4: 2.0 * b}) for b in (2, 3, 4, 5, 14)])
+    assert all(gemv_tiles_for(1, 132 * b, 132, slot=slot) == 2 for b in (2, 3, 4, 5, 14, 28))
+
+
+def test_gemv_slot_from_benchmark_rows():
+    from awq_cupy.bench import Row
+    from awq_cupy.ops import gemv_tiles_for
+    from awq_cupy.tune import gemv_slot_from_rows
+
+    rows = []
+    for (K, N, b), (t2, t3, t4) in {(4096, 4096, 2): (5.5, 6.3, 7.2), (4096, 6144, 3): (7.7, 6.7, 7.4),
+                                    (4096, 28672, 14): (21.0, 22.3, 20.4)}.items():
+        for M in (1, 4, 16):
+            for tw, us in ((2, t2), (3, t3), (4, t4)):
+                rows.append(Row("m", f"{K}x{N}", K, N, M, f"gemv{tw}", us * (1.5 if M > 8 else 1.0), 0, 0, 0, 0))
+        rows.append(Row("m", f"{K}x{N}", K, N, 1, "gemm", 99.0, 0, 0, 0, 0))      # other contenders ignored
+    slot = gemv_slot_from_rows(rows, jit.ARCHS["90"], 132)
+    assert set(slot) == {1, 2}
+    for nb in (1, 2):
+        for NT16, tiles in ((256, 2), (384, 3), (1792, 4)):
+            assert gemv_tiles_for(8 * nb, NT16, 132, slot=slot[nb]) == tiles
+
+
+def test_gemv_slot_in_the_dispatch_table(tmp_path, monkeypatch):
+    """A tuned row's gemv_slot survives the JSON file (string keys there) and steers plan_gemv; bad tables fail
+    with the field named."""
+    path = tmp_path / "dispatch.json"
+    monkeypatch.setenv("AWQ_CUPY_DISPATCH", str(path))
+    dispatch.reload()
+    assert plan_gemv(1, 4096, 6144, 128)["tiles"] == 3                      # built-in (H200) slot times
+    pairs = {"float16": {1: {2: 1.0, 3: 2.0, 4: 2.0}}}
+    dispatch.write_table(path, {"90": dispatch.Dispatch(gemv_max_m=16, cublas_min_m=768, gemv_slot=pairs)}, {})
+    row = dispatch.for_arch("90")
+    assert row.gemv_slot == pairs and row.gemv_slot_for("float16", 1) == {2: 1.0, 3: 2.0, 4: 2.0}
+    assert row.gemv_slot_for("float16", 2) == dispatch.H200_GEMV_SLOT["float16"][2]   # not measured: the H200's
+    assert row.gemv_slot_for("bfloat16", 1) == dispatch.H200_GEMV_SLOT["bfloat16"][1]
+    assert plan_gemv(1, 4096, 6144, 128)["tiles"] == 2
+    assert plan_gemv(16, 4096, 6144, 128)["tiles"] == 3
+    assert plan_gemv(1, 4096, 6144, 128, dtype="bfloat16")["tiles"] == 3
+    assert hash(row) == hash(dispatch.Dispatch(gemv_max_m=16, cublas_min_m=768))
+    for bad, what in (({"float32": {1: {2: 1.0}}}, "float32"), ({"float16": {3: {2: 1.0}}}, "token blocks"),
+                      ({"float16": {1: {5: 1.0}}}, "tiles"), ({"float16": {1: {2: -1.0}}}, "positive"),
+                      ({"float16": {1: {2: "x"}}}, "positive"), ({}, "non-empty")):
+        with pytest.raises(ValueError, match=what):
+            dispatch.Dispatch(gemv_max_m=16, cublas_min_m=768, gemv_slot=bad)
+    path.write_text('{"table": {"90": {"gemv_max_m": 16, "cublas_min_m": 768, '
+                    '"gemv_slot": {"float16": {"1": {"2": 0}}}}}}')
+    dispatch.reload()
+    with pytest.raises(ValueError, match="gemv_slot"):
+        dispatch.for_arch("90")
+    dispatch.reload()
 
 
 def test_tune_choice_from_measurements():
