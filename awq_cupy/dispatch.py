@@ -37,6 +37,11 @@ H200_GEMV_SLOT = {"float16": {1: {4: 1.0, 3: 1.17, 2: 1.16}, 2: {4: 1.0, 3: 1.05
                   "bfloat16": {1: {4: 1.0, 3: 1.21, 2: 1.25}, 2: {4: 1.0, 3: 1.34, 2: 1.3}}}
 
 
+def default_gemv_slot(dtype: str, token_blocks: int) -> dict[int, float]:
+    """The H200's GEMV slot times for ``dtype`` (fp16's for another name) and ``token_blocks``."""
+    return H200_GEMV_SLOT.get(dtype, H200_GEMV_SLOT["float16"])[token_blocks]
+
+
 def _gemv_slot(v) -> dict:
     """``gemv_slot`` with integer keys (a JSON file has strings), checked: {dtype: {token blocks: {tiles: time}}}."""
     if not isinstance(v, dict) or not v:
@@ -109,7 +114,7 @@ class Dispatch:
         """{tiles: relative time per block slot} of the GEMV for ``dtype`` and ``token_blocks``: this row's where it
         has them, else the H200's."""
         own = (self.gemv_slot or {}).get(dtype, {}).get(token_blocks)
-        return own if own else H200_GEMV_SLOT.get(dtype, H200_GEMV_SLOT["float16"])[token_blocks]
+        return own if own else default_gemv_slot(dtype, token_blocks)
 
 
 TABLE: dict[str, Dispatch] = {

@@ -378,9 +378,21 @@ def gemv_tiles_for(M: int, NT16: int, grid: int, dtype: str = "float16", slot: d
     most = -(-NT16 // grid)
     if most < 2:
         return 1
-    if slot is None:
-        slot = dispatch.H200_GEMV_SLOT.get(dtype, dispatch.H200_GEMV_SLOT["float16"])[1 if M <= 8 else 2]
+    return gemv_tiles_by_slot(most, slot if slot is not None else dispatch.default_gemv_slot(dtype, -(-M // 8)))
+
+
+def gemv_tiles_by_slot(most: int, slot: dict[int, float]) -> int:
+    """``gemv_tiles_for``'s rule for a CTA of ``most`` blocks: the tiles whose padded slots cost least at ``slot``'s
+    times, the larger on a tie."""
     return min(slot, key=lambda tw: (-(-most // tw) * tw * slot[tw], -tw))
+
+
+def gemv_grid(N: int, sm_count: int) -> tuple[int, int]:
+    """(16-column blocks, CTAs) of the GEMV for N output channels: one CTA per SM, at most one per block."""
+    from .layout import padded_sizes
+
+    NT16 = padded_sizes(64, N)[1] // 16
+    return NT16, max(1, min(NT16, sm_count))
 
 
 def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: int = 132,
@@ -388,22 +400,18 @@ def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: i
     """Launch plan of the GEMV for M <= 16 tokens on ``arch`` (a jit.Arch; default sm_90): dict(token_blocks,
     tiles, aligned, grid, warps, smem, NT16). One CTA per SM (at most one per 16-column block) of the variant's
     warp count. ``tiles`` (blocks per warp unit) defaults to ``gemv_tiles_for`` (with the dispatch row's slot times
-    for the activations' ``dtype``); ``warps`` overrides the warp count (for tuning). The plan depends on (M, K, N, G), the dtype and the GPU, and
-    so does the summation order."""
+    for the activations' ``dtype``); ``warps`` overrides the warp count (for tuning). The plan depends on (M, K, N,
+    G), the dtype and the GPU, and so does the summation order."""
     from .jit import ARCHS
     from .kernels import GEMV_SHAPES, GEMV_TOKEN_BLOCKS, gemv_max_warps, gemv_smem_bytes
-    from .layout import padded_sizes
 
     arch = ARCHS["90"] if arch is None else arch
     nb = -(-M // 8)
     if M < 1 or nb not in GEMV_TOKEN_BLOCKS:
         raise ValueError(f"no GEMV variant for M={M} (1 to {8 * max(GEMV_TOKEN_BLOCKS)} rows)")
-    Kp, Np = padded_sizes(K, N)
-    NT16 = Np // 16
-    grid = max(1, min(NT16, sm_count))
+    NT16, grid = gemv_grid(N, sm_count)
     if tiles is None:
-        slot = dispatch.for_arch(arch.key).gemv_slot_for(dtype, nb)
-        tw = gemv_tiles_for(M, NT16, grid, dtype, slot)
+        tw = gemv_tiles_for(M, NT16, grid, slot=dispatch.for_arch(arch.key).gemv_slot_for(dtype, nb))
     else:
         tw = tiles
     if (nb, tw) not in GEMV_SHAPES:

@@ -18,6 +18,7 @@ for each layer shape.
 """
 from __future__ import annotations
 
+import math
 import sys
 
 # up to 2048: on the H200 the fused wgmma GEMM and dequantize + cuBLAS cross near M = 1024 (bench/NOTES.md v13)
@@ -67,26 +68,24 @@ def fit_gemv_slot(layers: list[tuple[int, dict[int, float]]], step: float = 0.01
     the least summed time against each layer's fastest variant; among equals, the one nearest to the mean measured
     ratios (time per slot against the 4-block variant's, in log terms). None when no layer has two or more blocks
     per CTA and all three variants measured."""
-    import math
+    from .ops import gemv_tiles_by_slot
 
-    used = [(b, t) for b, t in layers if b >= 2 and all(tw in t and t[tw] > 0 for tw in (2, 3, 4))]
+    used = [(b, t, min(t[tw] for tw in (2, 3, 4))) for b, t in layers
+            if b >= 2 and all(tw in t and t[tw] > 0 for tw in (2, 3, 4))]
     if not used:
         return None
 
     def slots(b, tw):
         return -(-b // tw) * tw
 
-    mean = {tw: sum(math.log((t[tw] / slots(b, tw)) / (t[4] / slots(b, 4))) for b, t in used) / len(used)
+    mean = {tw: sum(math.log((t[tw] / slots(b, tw)) / (t[4] / slots(b, 4))) for b, t, _ in used) / len(used)
             for tw in (2, 3)}
     grid = [round(0.5 + i * step, 6) for i in range(int(round(1.5 / step)) + 1)]
     best = None
     for f2 in grid:
         for f3 in grid:
             f = {2: f2, 3: f3, 4: 1.0}
-            regret = 0.0
-            for b, t in used:
-                pick = min(f, key=lambda tw: (slots(b, tw) * f[tw], -tw))
-                regret += t[pick] - min(t[tw] for tw in (2, 3, 4))
+            regret = sum(t[gemv_tiles_by_slot(b, f)] - fastest for b, t, fastest in used)
             dist = (math.log(f2) - mean[2]) ** 2 + (math.log(f3) - mean[3]) ** 2
             key = (round(regret, 9), dist)
             if best is None or key < best[0]:
@@ -94,10 +93,10 @@ def fit_gemv_slot(layers: list[tuple[int, dict[int, float]]], step: float = 0.01
     return best[1]
 
 
-def gemv_slot_from_rows(rows, arch, sm_count: int) -> dict[int, dict[int, float]]:
+def gemv_slot_from_rows(rows, sm_count: int) -> dict[int, dict[int, float]]:
     """{token blocks: slot times} fitted from benchmark rows of the gemv2/gemv3/gemv4 contenders: each layer's
     time per variant summed over the measured M of that token-block count (1..8, 9..16)."""
-    from .ops import plan_gemv
+    from .ops import gemv_grid
 
     per: dict = {}
     for r in rows:
@@ -109,10 +108,10 @@ def gemv_slot_from_rows(rows, arch, sm_count: int) -> dict[int, dict[int, float]
     out = {}
     for nb in (1, 2):
         layers = []
-        for (n, _, _, K, N), t in per.items():
+        for (n, _, _, _, N), t in per.items():
             if n == nb:
-                p = plan_gemv(8 * nb, K, N, 128 if K % 128 == 0 else K, arch=arch, sm_count=sm_count, tiles=4)
-                layers.append((-(-p["NT16"] // p["grid"]), t))
+                NT16, grid = gemv_grid(N, sm_count)
+                layers.append((-(-NT16 // grid), t))
         fit = fit_gemv_slot(layers)
         if fit is not None:
             out[nb] = fit
@@ -131,7 +130,7 @@ def main(args) -> int:
     from . import dispatch
     from .bench import environment, run
     from .jit import arch_of_device
-    from .ops import has_wgmma
+    from .ops import _sm_count, has_wgmma
 
     ms = args.m or DEFAULT_M
     models = [("custom", f"{K}x{N}", K, N) for K, N in args.shapes] if args.shapes else args.models
@@ -141,7 +140,7 @@ def main(args) -> int:
     tiles = ["gemv2", "gemv3", "gemv4"]
     rows = run(models, ms, dtype=args.dtype, group_size=args.group_size, trials=args.trials,
                rotate_mb=args.rotate_mb, contenders=tuple(paths + tiles))
-    slot = gemv_slot_from_rows(rows, arch, cupy.cuda.Device().attributes["MultiProcessorCount"])
+    slot = gemv_slot_from_rows(rows, _sm_count(cupy.cuda.runtime.getDevice()))
     rows = [r for r in rows if r.contender not in tiles]
     sums: dict[int, dict[str, float]] = {}
     per_layer: dict = {}

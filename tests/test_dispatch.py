@@ -170,7 +170,7 @@ def test_gemv_slot_from_benchmark_rows():
             for tw, us in ((2, t2), (3, t3), (4, t4)):
                 rows.append(Row("m", f"{K}x{N}", K, N, M, f"gemv{tw}", us * (1.5 if M > 8 else 1.0), 0, 0, 0, 0))
         rows.append(Row("m", f"{K}x{N}", K, N, 1, "gemm", 99.0, 0, 0, 0, 0))      # other contenders ignored
-    slot = gemv_slot_from_rows(rows, jit.ARCHS["90"], 132)
+    slot = gemv_slot_from_rows(rows, 132)
     assert set(slot) == {1, 2}
     for nb in (1, 2):
         for NT16, tiles in ((256, 2), (384, 3), (1792, 4)):
