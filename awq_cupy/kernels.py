@@ -156,11 +156,14 @@ GEMM_WG = KernelFamily("gemm_wg", "gemm_wg.cu",
                        + tuple(tile_x_variant(d) for d in gemm_dtypes(arch)),
                        hot=True, min_cc=90, arch_specific=True)
 
-BENCH_UTIL = KernelFamily("bench_util", "bench_util.cu", lambda arch: ("awq_spin_kernel", "awq_touch_kernel", "awq_stream_probe_kernel",
-                                                              "awq_ldg_probe_kernel<4>", "awq_ldg_probe_kernel<8>",
-                                                              "awq_ldg_probe_kernel<16>", "awq_mma_probe_kernel<4>",
-                                                              "awq_mma_probe_kernel<8>", "awq_mma_probe_kernel<16>"),
-                         hot=False)
+BENCH_UTIL = KernelFamily("bench_util", "bench_util.cu",
+                          lambda arch: ("awq_spin_kernel", "awq_touch_kernel", "awq_stream_probe_kernel",
+                                        "awq_ldg_probe_kernel<4>", "awq_ldg_probe_kernel<8>", "awq_ldg_probe_kernel<16>",
+                                        "awq_mma_probe_kernel<4>", "awq_mma_probe_kernel<8>", "awq_mma_probe_kernel<16>",
+                                        "awq_empty_kernel", "awq_read_pdl_kernel<4>", "awq_read_pdl_kernel<8>",
+                                        "awq_code_probe_kernel<16>", "awq_code_probe_kernel<64>",
+                                        "awq_code_probe_kernel<256>", "awq_code_probe_kernel<1024>"),
+                          hot=False)
 
 FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (DEQUANT, REPACK, GEMM_TC, GEMM_WG, GEMV_TC, BENCH_UTIL)}
 

@@ -439,6 +439,19 @@ def uses_pdl(arch) -> bool:
     return arch.cc >= 90 and os.environ.get("AWQ_CUPY_PDL", "1") != "0"
 
 
+def fastdiv(d: int) -> np.uint64:
+    """Kernel parameter for dividing by ``d`` (1 <= d < 2^31) in common.cuh ``fastdiv``: m | s << 32 with
+    s = 31 + ceil(log2 d) and m = ceil(2^s / d), so that floor(n / d) = (n * m) >> s for every 0 <= n < 2^31
+    (Granlund and Montgomery: m * d - 2^s < d <= 2^(s - 31))."""
+    d = int(d)
+    if not 1 <= d < 2**31:
+        raise ValueError(f"fastdiv: divisor {d} must be 1 to 2^31 - 1")
+    s = 31 + (d - 1).bit_length()
+    m = -(-(1 << s) // d)
+    assert m < 2**32
+    return np.uint64(m | s << 32)
+
+
 def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count, tiles=None, warps=None):
     from .jit import arch_of_device
     from .kernels import gemv_variant, kernel
@@ -449,8 +462,17 @@ def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count, tiles=None, warps=None)
     k = kernel("gemv_tc", gemv_variant(kind, p["token_blocks"], p["tiles"], p["aligned"]), w.device)
     k.launch((p["grid"],), (32 * p["warps"],),
              (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(w.K),
-              as_i32(p["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(w.NT * 64)),
-             smem=p["smem"], pdl=uses_pdl(arch))
+              as_i32(p["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(w.NT * 64))
+             + gemv_dividers(p, w.KS, w.group_size), smem=p["smem"], pdl=uses_pdl(arch))
+
+
+def gemv_dividers(plan: dict, KS: int, group_size: int) -> tuple:
+    """The GEMV's fastdiv parameters (by its grid, warps per CTA, 64-k blocks and group size); the numerators
+    (CTA index x 16-column blocks, 64 x the k blocks) must stay below 2^31."""
+    if (plan["grid"] + 1) * plan["NT16"] >= 2**31 or 64 * KS >= 2**31:
+        raise ValueError(f"GEMV: {plan['NT16']} column blocks x {plan['grid']} CTAs or K = {64 * KS} too large "
+                         f"for 32-bit index arithmetic")
+    return (fastdiv(plan["grid"]), fastdiv(plan["warps"]), fastdiv(KS), fastdiv(group_size))
 
 
 # ----------------------------------------------------------------------------------------------------------------

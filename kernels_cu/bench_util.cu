@@ -125,3 +125,59 @@ __global__ void __launch_bounds__(1024, 1) awq_mma_probe_kernel(float* __restric
   for (int j = 0; j < NACC; ++j) s += acc[j][0] + acc[j][1] + acc[j][2] + acc[j][3];
   sink[blockIdx.x * blockDim.x + threadIdx.x] = s;
 }
+
+// Launch-floor probe (bench/launch_floor.py): a kernel that only does what every awq_cupy kernel does on sm_90
+// around its work (trigger the dependent launch, wait for the previous grid). Timed back to back, it gives the
+// per-call floor of the benchmark's method; the dynamic shared memory decides how many CTAs share an SM, so that a
+// large request keeps the next kernel's CTAs off an SM until this one's leave it (as the GEMV's registers do).
+__global__ void awq_empty_kernel(unsigned* __restrict__ sink, int flag) {
+  pdl_trigger();
+  pdl_wait();
+  if (flag == 0x7fffffff && threadIdx.x == 0) sink[blockIdx.x] = 1u;   // never: the launch is all there is
+}
+
+// Pure-read probe with the GEMV's launch pattern: CTA b streams its contiguous share of n16 16-byte words with
+// the streaming hint, U loads per thread in flight, requested before pdl_wait() (like the GEMV's first weights;
+// here every load is, which only a kernel that writes nothing before the wait may do).
+template <int U>
+__global__ void __launch_bounds__(512, 1) awq_read_pdl_kernel(const uint4* __restrict__ src, long long n16,
+                                                              unsigned* __restrict__ sink) {
+  pdl_trigger();
+  const long long b0 = (long long)blockIdx.x * n16 / gridDim.x, b1 = (long long)(blockIdx.x + 1) * n16 / gridDim.x;
+  const int T = blockDim.x;
+  uint4 acc = make_uint4(0u, 0u, 0u, 0u);
+  long long i = b0 + threadIdx.x;
+  for (; i + (long long)(U - 1) * T < b1; i += (long long)U * T) {
+    uint4 v[U];
+#pragma unroll
+    for (int j = 0; j < U; ++j) v[j] = __ldcs(src + i + (long long)j * T);
+#pragma unroll
+    for (int j = 0; j < U; ++j) { acc.x ^= v[j].x; acc.y ^= v[j].y; acc.z ^= v[j].z; acc.w ^= v[j].w; }
+  }
+  for (; i < b1; i += T) {
+    const uint4 v = __ldcs(src + i);
+    acc.x ^= v.x; acc.y ^= v.y; acc.z ^= v.z; acc.w ^= v.w;
+  }
+  pdl_wait();
+  if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x9e3779b9u) sink[0] = 1u;
+}
+
+// Code-size probe (bench/launch_floor.py): 16 N fp32 FMAs in straight-line code (no loop, no memory traffic),
+// so that the time of a back-to-back call shows how fast a kernel's first pass through its code runs (the
+// instruction cache is cold at each launch if it grows with the code rather than with the issue rate).
+template <int N>
+__global__ void awq_code_probe_kernel(float* __restrict__ sink, float seed) {
+  pdl_trigger();
+  float a[16];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) a[j] = seed + j + threadIdx.x;
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < 16; ++j) a[j] = fmaf(a[j], 1.0001f, (float)(i ^ j));
+  pdl_wait();
+  float s = 0.f;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) s += a[j];
+  if (s == 1234.5f) sink[threadIdx.x] = s;   // practically never: keeps the arithmetic alive
+}

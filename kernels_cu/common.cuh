@@ -109,6 +109,10 @@ template <typename T> AWQ_DEVICE u32 dequant_pair(u32 qmagic, u32 zmagic2, u32 s
   return hmul2_bits<T>(hsub2_bits<T>(qmagic, zmagic2), s2);
 }
 
+// floor(n / d) for 0 <= n < 2^31 as (n * m) >> s, with fd = m | s << 32 from the host (awq_cupy.ops.fastdiv:
+// s = 31 + ceil(log2 d), m = ceil(2^s / d) < 2^32; exact for every such n by Granlund and Montgomery's bound).
+AWQ_DEVICE u32 fastdiv(u32 n, u64 fd) { return (u32)(((u64)n * (u32)fd) >> (u32)(fd >> 32)); }
+
 // Broadcast the low / high 16-bit half of a word into both halves.
 AWQ_DEVICE u32 bcast_lo(u32 v) { return __byte_perm(v, v, 0x1010); }
 AWQ_DEVICE u32 bcast_hi(u32 v) { return __byte_perm(v, v, 0x3232); }

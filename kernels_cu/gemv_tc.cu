@@ -10,7 +10,7 @@
 //
 // Operands: x T [M, K] (16-byte aligned rows, K % 8 == 0); qtiles uint4 [NT16][KS][32]; scales/zeros [NG, Np]
 // of T, permuted per 16-column block (word c of block t holds channels 16t + c and 16t + c + 8), read here as
-// u32 words; bias T [N] or null; y T [M, N].
+// u32 words; bias T [N] or null; y T [M, N]; fd_*: common.cuh fastdiv parameters (awq_cupy.ops.gemv_dividers).
 //
 // Work split, chosen so that no two CTAs share an output (no atomics, no workspace, no second kernel):
 // - The 16-column blocks are dealt to the CTAs (one per SM) in contiguous ranges that differ by at most one
@@ -48,6 +48,22 @@ template <int NB, int TW, bool GA> struct Bounds {
 };
 }  // namespace awq_gemv
 
+// AWQ_GEMV_TRACE (bench/gemv_trace.py only): thread 0 of each CTA writes %globaltimer at ten points (0..6: entry,
+// index arithmetic done, prologue loads issued, pdl_wait returned, first unit computed, main loop done, end; 7..9:
+// inside the index arithmetic) into `bias`, taken as u64 [grid][12]; no bias is added. Without it: no code.
+#ifdef AWQ_GEMV_TRACE
+#define AWQ_TRACE(j)                                                                                  \
+  do {                                                                                               \
+    if (threadIdx.x == 0) {                                                                          \
+      u64 t_;                                                                                        \
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_)::"memory");                              \
+      reinterpret_cast<u64*>(const_cast<T*>(bias_in))[blockIdx.x * 12 + (j)] = t_;                    \
+    }                                                                                                \
+  } while (0)
+#else
+#define AWQ_TRACE(j) do {} while (0)
+#endif
+
 // THR, STG: the launch bound and the register stages, by default from awq_gemv::Bounds.
 template <typename T, int NB, int TW, bool GA, int THR = awq_gemv::Bounds<NB, TW, GA>::threads,
           int STG = awq_gemv::Bounds<NB, TW, GA>::stages>
@@ -56,41 +72,60 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
     const uint4* __restrict__ qtiles, // [NT16][KS][32] weight blocks
     const u32* __restrict__ scales,   // [NG, Np] permuted scales, as u32 pairs
     const u32* __restrict__ zeros,    // [NG, Np] permuted MAGIC + z, as u32 pairs
-    const T* __restrict__ bias,       // [N] or nullptr
+    const T* __restrict__ bias_in,    // [N] or nullptr
     T* __restrict__ y,                // [M, N]
     int M, int N, int K,              // problem size (M <= 8 NB)
     int NT16, int KS,                 // 16-column blocks, 64-k blocks per column block
-    int G, int NG, int Np) {          // group size, number of groups, padded N
+    int G, int NG, int Np,            // group size, number of groups, padded N
+    u64 fd_grid, u64 fd_w, u64 fd_ks, u64 fd_g) {   // fast dividers (fastdiv) by gridDim.x, W, KS and G
   constexpr int SZ = GA ? 1 : 2;      // scale groups per unit
   extern __shared__ __align__(16) unsigned char smem[];
 
+  AWQ_TRACE(0);
+#ifdef AWQ_GEMV_TRACE
+  const T* bias = nullptr;
+#else
+  const T* bias = bias_in;
+#endif
   pdl_trigger();   // the next kernel may launch now: it waits for this one before it touches y or x
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
   const int g8 = lane >> 2, t4 = lane & 3;
 
   // This CTA's 16-column blocks [b0, b0 + nblk), taken TW at a time, and this warp's units [u0, u1).
-  const int b0 = (int)((long long)blockIdx.x * NT16 / gridDim.x);
-  const int nblk = (int)((long long)(blockIdx.x + 1) * NT16 / gridDim.x) - b0;
+  // (integer divisions by the launch's constants as a multiply and a shift, parameters from the host: a CTA
+  // issues its first loads ~1 us after it starts with the compiler's division sequences, bench/NOTES.md v25)
+  const int b0 = (int)fastdiv(blockIdx.x * NT16, fd_grid);
+  const int nblk = (int)fastdiv((blockIdx.x + 1) * NT16, fd_grid) - b0;
+#ifdef AWQ_GEMV_TRACE
+  if (nblk >= 0) AWQ_TRACE(7);
+#endif
   const int units = (nblk + TW - 1) / TW * KS;
-  const int U = (units + W - 1) / W;
+  const int U = (int)fastdiv(units + W - 1, fd_w);
   const int u0 = min(units, warp * U), u1 = min(units, u0 + U);
   const int run = u1 - u0;
+#ifdef AWQ_GEMV_TRACE
+  if (run >= 0) AWQ_TRACE(8);
+#endif
 
   // Shared memory: fp32 partials [2W][TW NB][32] float4 (slot 2w: warp w's first segment, 2w + 1: its last;
   // lane-minor, so a warp's float4 accesses do not conflict).
   float* partials = reinterpret_cast<float*>(smem);
 
   // ---- load cursor: the next unit to load, as running values (no divisions in the loop) -----------------
-  int l_cg = u0 / KS, l_ks = u0 % KS;                     // column group (relative), 64-k block
+  int l_cg = (int)fastdiv(u0, fd_ks), l_ks = u0 - KS * l_cg; // column group (relative), 64-k block
   int l_nv = min(TW, nblk - TW * l_cg);                   // valid blocks in the column group
-  int l_gk = NG == 1 ? 64 * l_ks : (64 * l_ks) % G;      // k offset of the unit inside its group
+  const int grp = (int)fastdiv(64 * l_ks, fd_g);          // the unit's scale group
+  int l_gk = NG == 1 ? 64 * l_ks : 64 * l_ks - G * grp;  // k offset of the unit inside its group
   const long long blk_words = (long long)KS * 32;         // uint4 per block
   const uint4* l_w = qtiles + (long long)(b0 + TW * l_cg) * blk_words + (long long)l_ks * 32 + lane;
   const int np2 = Np >> 1;                                // u32 words per group row
   // scale and zero words of (channel 16 b + g8, + 8) of this unit's group, for the column group's first block b
-  const long long sz0 = (long long)(NG == 1 ? 0 : 64 * l_ks / G) * np2 + 8 * (b0 + TW * l_cg) + g8;
+  const long long sz0 = (long long)(NG == 1 ? 0 : grp) * np2 + 8 * (b0 + TW * l_cg) + g8;
   const u32* l_s = scales + sz0;
   const u32* l_z = zeros + sz0;
+#ifdef AWQ_GEMV_TRACE
+  if (sz0 >= 0 && l_gk >= 0) AWQ_TRACE(9);
+#endif
   // x^T fragments: in the layout's mma k order (layout.k_of_kappa) lane (g8, t4)'s b0, b1 of k16 steps 2h and
   // 2h + 1 are the 8 consecutive values x[token 8 nb + g8, 64 ks + 32 h + 8 t4 .. + 7]: one 16-byte load per half.
   const T* xrow[NB];
@@ -190,11 +225,11 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
         p[(i * NB + nb) * 32] = make_float4(acc[i][nb][0], acc[i][nb][1], acc[i][nb][2], acc[i][nb][3]);
   };
 
-  int c_ks = u0 % KS, c_cg = u0 / KS;              // relative column group being consumed
+  int c_ks = l_ks, c_cg = l_cg;                    // relative column group being consumed
   bool seg_first = true, seg_whole_start = c_ks == 0;
   // GA: units left in the current scale group (its fp32 sums are scaled once, at the group's end).
   const int upg = NG == 1 ? KS : max(1, G / 64);
-  int g_left = NG == 1 ? KS - c_ks : upg - c_ks % upg;
+  int g_left = NG == 1 ? KS - c_ks : GA ? upg - (c_ks - upg * grp) : 1;   // (GA: upg = G / 64)
 
   // Decode + multiply one unit, then the group / segment bookkeeping.
   auto compute = [&](const Stage& st, int it) {
@@ -260,6 +295,7 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
   Stage st[S];
   // Prologue: the first units' weights are requested before the previous kernel of the stream has finished
   // (programmatic dependent launch, common.cuh); x only after pdl_wait().
+  AWQ_TRACE(1);
   int pk[S - 1];
 #pragma unroll
   for (int j = 0; j < S - 1; ++j)
@@ -267,7 +303,9 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
       pk[j] = 64 * l_ks;
       load(st[j], false);
     }
+  AWQ_TRACE(2);
   pdl_wait();
+  AWQ_TRACE(3);
 #pragma unroll
   for (int j = 0; j < S - 1; ++j)
     if (j < run) load_x(st[j], pk[j]);
@@ -277,14 +315,18 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
       if (it + j >= run) break;
       if (it + j + S - 1 < run) load(st[(j + S - 1) % S], true);
       compute(st[j], it + j);
+#ifdef AWQ_GEMV_TRACE
+      if (it + j == 0) AWQ_TRACE(4);
+#endif
     }
   }
   __syncthreads();
+  AWQ_TRACE(5);
 
   // Shared column groups: the warp in which a group starts sums the partials of its contributors in warp
   // order. Only the run's last group can start here and continue past the run's end.
   if (run > 0) {
-    const int tl = (u1 - 1) / KS;
+    const int tl = (int)fastdiv(u1 - 1, fd_ks);
     if (tl * KS >= u0 && (tl + 1) * KS > u1) {
       const int w_hi = ((tl + 1) * KS - 1) / U;
       float v[TW][NB][4];
@@ -307,4 +349,8 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
       store(tl, v);
     }
   }
+#ifdef AWQ_GEMV_TRACE
+  __syncthreads();
+  AWQ_TRACE(6);
+#endif
 }

@@ -4,7 +4,14 @@ import math
 import pytest
 
 from awq_cupy import dispatch, jit, kernels
-from awq_cupy.ops import gemm_shape_for, plan_gemm, plan_gemv, plan_splits, rounds_weights, uses_cublas
+from awq_cupy.ops import (fastdiv, gemm_shape_for, gemv_dividers, plan_gemm, plan_gemv, plan_splits, rounds_weights,
+                          uses_cublas)
+
+
+def _fd(n, d):
+    """floor(n / d) the way the GEMV computes it (common.cuh fastdiv with ops.fastdiv's parameter)."""
+    f = int(fastdiv(d))
+    return (n * (f & 0xFFFFFFFF)) >> (f >> 32)
 
 
 def _simulate_gemv_split(NT16, KS, grid, W, TW):
@@ -19,16 +26,17 @@ def _simulate_gemv_split(NT16, KS, grid, W, TW):
                 out[b0 + TW * cg + i] = [u % KS for u in seg]
 
     for b in range(grid):
-        b0 = b * NT16 // grid
-        nblk = (b + 1) * NT16 // grid - b0
+        b0 = _fd(b * NT16, grid)
+        nblk = _fd((b + 1) * NT16, grid) - b0
         units = -(-nblk // TW) * KS
-        U = -(-units // W) if units else 1
+        U = _fd(units + W - 1, W) if units else 1
         slots, runs = {}, []
         for w in range(W):
             u0 = min(units, w * U)
             u1 = min(units, u0 + U)
             runs.append((u0, u1))
-            c_ks, c_cg = u0 % KS, u0 // KS
+            c_cg = _fd(u0, KS)
+            c_ks = u0 - KS * c_cg
             seg_first, whole_start, seg = True, c_ks == 0, []
             for it in range(u1 - u0):
                 seg.append(c_cg * KS + c_ks)
@@ -46,7 +54,7 @@ def _simulate_gemv_split(NT16, KS, grid, W, TW):
         for w, (u0, u1) in enumerate(runs):
             if u1 == u0:
                 continue
-            tl = (u1 - 1) // KS
+            tl = _fd(u1 - 1, KS)
             if tl * KS >= u0 and (tl + 1) * KS > u1:
                 w_hi = ((tl + 1) * KS - 1) // U
                 first = 2 * w if tl * KS == u0 else 2 * w + 1
@@ -58,6 +66,35 @@ def _simulate_gemv_split(NT16, KS, grid, W, TW):
                 put(b0, nblk, tl, summed)
         assert not slots, "partials nobody reduced"
     return out
+
+
+def test_fastdiv_is_exact_below_2_31():
+    """The GEMV divides by launch constants (grid, warps, 64-k blocks, group size) as (n * m) >> s: exact for every
+    numerator below 2^31, for any divisor, including powers of two, 1 and the largest."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    divisors = list(range(1, 300)) + [1023, 1024, 1025, 4095, 4096, 2**20 + 7, 2**30 - 1, 2**30, 2**31 - 1] + \
+        [int(d) for d in rng.integers(1, 2**31 - 1, 100)]
+    ns = np.concatenate([np.arange(5000), rng.integers(0, 2**31, 20000), [2**31 - 2, 2**31 - 1]]).astype(np.uint64)
+    for d in divisors:
+        f = int(fastdiv(d))
+        q = (ns * np.uint64(f & 0xFFFFFFFF)) >> np.uint64(f >> 32)
+        edges = np.array([d - 1, d, d + 1, (2**31 - 1) // d * d, (2**31 - 1) // d * d - 1], dtype=np.uint64)
+        qe = (edges * np.uint64(f & 0xFFFFFFFF)) >> np.uint64(f >> 32)
+        assert (q == ns // np.uint64(d)).all() and (qe == edges // np.uint64(d)).all(), d
+    for bad in (0, -3, 2**31):
+        with pytest.raises(ValueError, match="divisor"):
+            fastdiv(bad)
+
+
+def test_gemv_dividers_check_the_index_range():
+    p = plan_gemv(1, 4096, 4096, 128)
+    assert [int(v) for v in gemv_dividers(p, 64, 128)] == [int(fastdiv(d)) for d in (p["grid"], p["warps"], 64, 128)]
+    with pytest.raises(ValueError, match="32-bit index"):
+        gemv_dividers(dict(p, NT16=2**31 // p["grid"]), 64, 128)
+    with pytest.raises(ValueError, match="32-bit index"):
+        gemv_dividers(p, 2**25, 128)
 
 
 @pytest.mark.parametrize("NT16,KS", [(448, 64), (64, 64), (96, 64), (256, 224), (4, 1), (16, 64), (12, 3),

@@ -1,0 +1,58 @@
+"""A/B of the GEMV kernel source in one process: kernels_cu/gemv_tc_ab.cu (a previous version, launched with the
+argument list of a181c66: no fastdiv parameters) against the current gemv_tc.cu, planned launches, Mistral-7B layers,
+timed like `python -m awq_cupy bench`, each side twice; outputs must match bit for bit. Usage:
+    git show a181c66:kernels_cu/gemv_tc.cu > kernels_cu/gemv_tc_ab.cu   (git-ignored: pass it in the device's carry)
+    [AB_MS=1,16] python3 bench/gemv_ab.py
+"""
+import dataclasses
+import os
+
+import cupy as cp
+import numpy as np
+
+from awq_cupy import kernels, ops
+from awq_cupy.bench import MODELS, Timer, rotated_weights
+from awq_cupy.jit import arch_of_device, as_i32
+
+arch = arch_of_device(0)
+sms = ops._sm_count(0)
+ms = [int(m) for m in os.environ.get("AB_MS", "1,16").split(",")]
+plans = {(n, M): ops.plan_gemv(M, K, N, 128, arch=arch, sm_count=sms) for n, K, N in MODELS["mistral-7b"] for M in ms}
+needed = tuple(sorted({kernels.gemv_variant("float16", p["token_blocks"], p["tiles"], p["aligned"])
+                       for p in plans.values()}))
+OLD = dataclasses.replace(kernels.GEMV_TC, name="gemv_ab", source="gemv_tc_ab.cu", variants=lambda a: needed)
+timer = Timer()
+rng = np.random.default_rng(0)
+sums = {}
+for name, K, N in MODELS["mistral-7b"]:
+    wq = rotated_weights(rng, K, N, 128)
+    nq = len(wq)
+    for M in ms:
+        p = plans[(name, M)]
+        x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
+        old = kernels.get_kernel(OLD, kernels.gemv_variant("float16", p["token_blocks"], p["tiles"], p["aligned"]))
+        outs, line = [], []
+        for label in ("old", "new", "old", "new"):
+            y = cp.full((M, N), np.nan, cp.float16)
+            if label == "old":
+                def call(i):
+                    w = wq[i % nq]
+                    old.launch((p["grid"],), (32 * p["warps"],),
+                               (x, w.qtiles, w.scales, w.zeros, ops._NULL, y, as_i32(M), as_i32(N), as_i32(K),
+                                as_i32(p["NT16"]), as_i32(w.KS), as_i32(128), as_i32(w.NG), as_i32(w.NT * 64)),
+                               smem=p["smem"], pdl=ops.uses_pdl(arch))
+            else:
+                def call(i):
+                    ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, "float16", sms)
+            call(0)
+            outs.append(y.copy())
+            us = timer(call, max(20, nq), 3)
+            sums[(label, M)] = sums.get((label, M), 0.0) + us / 2
+            line.append(f"{label} {us:6.2f}")
+        same = all(bool((o.view(cp.uint16) == outs[0].view(cp.uint16)).all()) for o in outs)
+        print(f"{name:8s} M={M:2d} tiles={p['tiles']} warps={p['warps']} " + "  ".join(line)
+              + f"  bitwise {'equal' if same else 'DIFFERENT'}", flush=True)
+    wq = None
+    cp.get_default_memory_pool().free_all_blocks()
+for M in ms:
+    print(f"sum M={M:2d}  old {sums[('old', M)]:6.1f}  new {sums[('new', M)]:6.1f}")

@@ -1,0 +1,68 @@
+"""Where a back-to-back GEMV call's time goes: the GEMV built with AWQ_GEMV_TRACE (kernels_cu/gemv_tc.cu), whose
+CTAs write %globaltimer at seven points; calls queued behind a spin kernel as in `python -m awq_cupy bench`,
+weights rotated. Usage:
+    python3 bench/gemv_trace.py [M] [model] [tiles/warps,...]   (default 1, mistral-7b, the planned launch only)
+Per layer and plan, medians over the calls, in ns relative to the end of the previous call's last CTA: the first and
+last CTA start, then the timeline of the CTA that ends last (the critical path): entry, index arithmetic done,
+prologue loads issued, pdl_wait returned, first unit computed (warp 0), main loop done (all warps), end; and three
+points inside the index arithmetic (CTA's blocks, warp's units, load cursor).
+"""
+import dataclasses
+import sys
+
+import cupy as cp
+import numpy as np
+
+from awq_cupy import kernels, ops
+from awq_cupy.bench import MODELS, rotated_weights
+from awq_cupy.jit import arch_of_device, as_i32, get_kernel
+
+M = int(sys.argv[1]) if len(sys.argv) > 1 else 1
+model = sys.argv[2] if len(sys.argv) > 2 else "mistral-7b"
+plans = [None] + ([tuple(int(v) for v in p.split("/")) for p in sys.argv[3].split(",")] if len(sys.argv) > 3 else [])
+FAM = dataclasses.replace(kernels.GEMV_TC, name="gemv_trace", defines=(("AWQ_GEMV_TRACE", "1"),),
+                          variants=lambda a: tuple(kernels.gemv_variant("float16", -(-M // 8), tw, True)
+                                                   for tw in (1, 2, 3, 4)))
+arch = arch_of_device(0)
+sms = ops._sm_count(0)
+spin = kernels.kernel("bench_util", "awq_spin_kernel")
+rng = np.random.default_rng(0)
+CALLS = 48
+POINTS = ("entry", "index", "issued", "waited", "unit0", "loop", "end", "b0", "u0", "cursor")
+for name, K, N in MODELS[model]:
+    G = 128
+    wq = rotated_weights(rng, K, N, G)
+    nq = len(wq)
+    x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
+    y = cp.empty((M, N), cp.float16)
+    for plan in plans:
+        for pdl in (True, False):
+            tw, wp = plan if plan else (None, None)
+            p = ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, tiles=tw, warps=wp)
+            k = get_kernel(FAM, kernels.gemv_variant("float16", p["token_blocks"], p["tiles"], p["aligned"]))
+            trace = cp.zeros((CALLS, p["grid"], 12), cp.uint64)
+
+            def call(i):
+                w = wq[i % nq]
+                k.launch((p["grid"],), (32 * p["warps"],),
+                         (x, w.qtiles, w.scales, w.zeros, trace[i], y, as_i32(M), as_i32(N), as_i32(K),
+                          as_i32(p["NT16"]), as_i32(w.KS), as_i32(G), as_i32(w.NG), as_i32(w.NT * 64))
+                         + ops.gemv_dividers(p, w.KS, G), smem=p["smem"], pdl=pdl)
+            call(0)
+            cp.cuda.get_current_stream().synchronize()
+            spin.launch((1,), (1,), (np.int64(20_000_000),))
+            for i in range(CALLS):
+                call(i)
+            cp.cuda.get_current_stream().synchronize()
+            t = trace.get().astype(np.int64)
+            rows = []
+            for c in range(8, CALLS):            # skip the first calls (the spin's end, the queue's start)
+                ref = t[c - 1, :, 6].max()
+                last = int(np.argmax(t[c, :, 6]))
+                rows.append([t[c, :, 0].min() - ref, t[c, :, 0].max() - ref] + list(t[c, last, :10] - ref))
+            med = np.median(np.array(rows), axis=0)
+            label = f"{p['tiles']}/{p['warps']}"
+            print(f"{name:8s} M={M:3d} {label:5s} pdl={int(pdl)}  starts {med[0]:6.0f}..{med[1]:6.0f} | last CTA "
+                  + " ".join(f"{n} {v:6.0f}" for n, v in zip(POINTS, med[2:])), flush=True)
+    wq = None
+    cp.get_default_memory_pool().free_all_blocks()
