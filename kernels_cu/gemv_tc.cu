@@ -64,6 +64,15 @@ template <int NB, int TW, bool GA> struct Bounds {
 #define AWQ_TRACE(j) do {} while (0)
 #endif
 
+// floor(n / d) for a launch constant d: on sm_90 a multiply and a shift with the host's parameter fd (common.cuh
+// fastdiv; v25: the CTAs start their loads ~1 us sooner); elsewhere the plain division, because with the multiply
+// ptxas spills the bf16 (2, 3) variant without aligned groups on sm_86/89. Both are exact.
+#if AWQ_CUPY_CC >= 900
+#define AWQ_GEMV_DIV(n, d, fd) fastdiv((n), (fd))
+#else
+#define AWQ_GEMV_DIV(n, d, fd) ((u32)(n) / (u32)(d))
+#endif
+
 // THR, STG: the launch bound and the register stages, by default from awq_gemv::Bounds.
 template <typename T, int NB, int TW, bool GA, int THR = awq_gemv::Bounds<NB, TW, GA>::threads,
           int STG = awq_gemv::Bounds<NB, TW, GA>::stages>
@@ -92,15 +101,13 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
   const int g8 = lane >> 2, t4 = lane & 3;
 
   // This CTA's 16-column blocks [b0, b0 + nblk), taken TW at a time, and this warp's units [u0, u1).
-  // (integer divisions by the launch's constants as a multiply and a shift, parameters from the host: a CTA
-  // issues its first loads ~1 us after it starts with the compiler's division sequences, bench/NOTES.md v25)
-  const int b0 = (int)fastdiv(blockIdx.x * NT16, fd_grid);
-  const int nblk = (int)fastdiv((blockIdx.x + 1) * NT16, fd_grid) - b0;
+  const int b0 = (int)AWQ_GEMV_DIV(blockIdx.x * NT16, gridDim.x, fd_grid);
+  const int nblk = (int)AWQ_GEMV_DIV((blockIdx.x + 1) * NT16, gridDim.x, fd_grid) - b0;
 #ifdef AWQ_GEMV_TRACE
   if (nblk >= 0) AWQ_TRACE(7);
 #endif
   const int units = (nblk + TW - 1) / TW * KS;
-  const int U = (int)fastdiv(units + W - 1, fd_w);
+  const int U = (int)AWQ_GEMV_DIV(units + W - 1, W, fd_w);
   const int u0 = min(units, warp * U), u1 = min(units, u0 + U);
   const int run = u1 - u0;
 #ifdef AWQ_GEMV_TRACE
@@ -112,9 +119,9 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
   float* partials = reinterpret_cast<float*>(smem);
 
   // ---- load cursor: the next unit to load, as running values (no divisions in the loop) -----------------
-  int l_cg = (int)fastdiv(u0, fd_ks), l_ks = u0 - KS * l_cg; // column group (relative), 64-k block
+  int l_cg = (int)AWQ_GEMV_DIV(u0, KS, fd_ks), l_ks = u0 - KS * l_cg;   // column group (relative), 64-k block
   int l_nv = min(TW, nblk - TW * l_cg);                   // valid blocks in the column group
-  const int grp = (int)fastdiv(64 * l_ks, fd_g);          // the unit's scale group
+  const int grp = (int)AWQ_GEMV_DIV(64 * l_ks, G, fd_g);  // the unit's scale group
   int l_gk = NG == 1 ? 64 * l_ks : 64 * l_ks - G * grp;  // k offset of the unit inside its group
   const long long blk_words = (long long)KS * 32;         // uint4 per block
   const uint4* l_w = qtiles + (long long)(b0 + TW * l_cg) * blk_words + (long long)l_ks * 32 + lane;
@@ -326,7 +333,7 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
   // Shared column groups: the warp in which a group starts sums the partials of its contributors in warp
   // order. Only the run's last group can start here and continue past the run's end.
   if (run > 0) {
-    const int tl = (int)fastdiv(u1 - 1, fd_ks);
+    const int tl = (int)AWQ_GEMV_DIV(u1 - 1, KS, fd_ks);
     if (tl * KS >= u0 && (tl + 1) * KS > u1) {
       const int w_hi = ((tl + 1) * KS - 1) / U;
       float v[TW][NB][4];
