@@ -160,3 +160,17 @@ def test_second_compile_all_reads_the_disk_cache(tmp_path, monkeypatch):
     second = kernels.compile_all(["86"], ["dequant"])
     assert all(r["cached"] for r in second) and not calls
     assert [dict(r, cached=None) for r in first] == [dict(r, cached=None) for r in second]
+
+
+def test_gemv_trace_build_compiles(tmp_path, monkeypatch):
+    """bench/gemv_trace.py's build of the GEMV (AWQ_GEMV_TRACE: timestamps per CTA) keeps compiling, unspilled."""
+    import dataclasses
+
+    monkeypatch.setenv("AWQ_CUPY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(jit, "_compiled", {})
+    names = tuple(kernels.gemv_variant("float16", nb, tw, True) for nb, tw in ((1, 2), (1, 4), (2, 3)))
+    fam = dataclasses.replace(kernels.GEMV_TC, name="gemv_trace", defines=(("AWQ_GEMV_TRACE", "1"),),
+                              variants=lambda a: names)
+    c = jit.compile_family(fam, jit.ARCHS["90"])
+    assert tuple(c.lowered) == names
+    assert all(c.resources[n].spill_stores == 0 for n in names), c.resources
