@@ -158,11 +158,12 @@ GEMM_WG = KernelFamily("gemm_wg", "gemm_wg.cu",
 
 BENCH_UTIL = KernelFamily("bench_util", "bench_util.cu",
                           lambda arch: ("awq_spin_kernel", "awq_touch_kernel", "awq_stream_probe_kernel",
-                                        "awq_ldg_probe_kernel<4>", "awq_ldg_probe_kernel<8>", "awq_ldg_probe_kernel<16>",
-                                        "awq_mma_probe_kernel<4>", "awq_mma_probe_kernel<8>", "awq_mma_probe_kernel<16>",
-                                        "awq_empty_kernel", "awq_read_pdl_kernel<4>", "awq_read_pdl_kernel<8>",
-                                        "awq_code_probe_kernel<16>", "awq_code_probe_kernel<64>",
-                                        "awq_code_probe_kernel<256>", "awq_code_probe_kernel<1024>"),
+                                        "awq_empty_kernel")
+                          + tuple(f"awq_{k}_kernel<{n}>" for k, ns in (("ldg_probe", (4, 8, 16)),
+                                                                       ("mma_probe", (4, 8, 16)),
+                                                                       ("read_pdl", (4, 8)),
+                                                                       ("code_probe", (16, 64, 256, 1024)))
+                                  for n in ns),
                           hot=False)
 
 FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (DEQUANT, REPACK, GEMM_TC, GEMM_WG, GEMV_TC, BENCH_UTIL)}
