@@ -460,19 +460,25 @@ def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count, tiles=None, warps=None)
     p = plan_gemv(M, w.K, w.N, w.group_size, arch=arch, sm_count=sm_count, tiles=tiles, warps=warps,
                   dtype=kind)
     k = kernel("gemv_tc", gemv_variant(kind, p["token_blocks"], p["tiles"], p["aligned"]), w.device)
-    k.launch((p["grid"],), (32 * p["warps"],),
-             (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(w.K),
-              as_i32(p["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(w.NT * 64))
-             + gemv_dividers(p, w.KS, w.group_size), smem=p["smem"], pdl=uses_pdl(arch))
+    k.launch((p["grid"],), (32 * p["warps"],), gemv_args(x2, w, bias_arg, y2, M, p), smem=p["smem"],
+             pdl=uses_pdl(arch))
 
 
-def gemv_dividers(plan: dict, KS: int, group_size: int) -> tuple:
-    """The GEMV's fastdiv parameters (by its grid, warps per CTA, 64-k blocks and group size); the numerators
-    (CTA index x 16-column blocks, 64 x the k blocks) must stay below 2^31."""
-    if (plan["grid"] + 1) * plan["NT16"] >= 2**31 or 64 * KS >= 2**31:
-        raise ValueError(f"GEMV: {plan['NT16']} column blocks x {plan['grid']} CTAs or K = {64 * KS} too large "
+def gemv_args(x2, w, bias_arg, y2, M: int, plan: dict) -> tuple:
+    """awq_gemv_tc_kernel's argument list for a plan_gemv ``plan`` (also used by bench/gemv_trace.py)."""
+    return ((x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(w.K),
+             as_i32(plan["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(w.NT * 64))
+            + gemv_dividers(plan["grid"], plan["NT16"], plan["warps"], w.KS, w.group_size))
+
+
+@functools.lru_cache(maxsize=1024)
+def gemv_dividers(grid: int, NT16: int, warps: int, KS: int, group_size: int) -> tuple:
+    """The GEMV's fastdiv parameters (by its grid, warps per CTA, 64-k blocks and group size), cached per launch
+    shape; the numerators (CTA index x 16-column blocks, 64 x the k blocks) must stay below 2^31."""
+    if (grid + 1) * NT16 >= 2**31 or 64 * KS >= 2**31:
+        raise ValueError(f"GEMV: {NT16} column blocks x {grid} CTAs or K = {64 * KS} too large "
                          f"for 32-bit index arithmetic")
-    return (fastdiv(plan["grid"]), fastdiv(plan["warps"]), fastdiv(KS), fastdiv(group_size))
+    return (fastdiv(grid), fastdiv(warps), fastdiv(KS), fastdiv(group_size))
 
 
 # ----------------------------------------------------------------------------------------------------------------

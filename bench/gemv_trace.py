@@ -1,5 +1,5 @@
 """Where a back-to-back GEMV call's time goes: the GEMV built with AWQ_GEMV_TRACE (kernels_cu/gemv_tc.cu), whose
-CTAs write %globaltimer at seven points; calls queued behind a spin kernel as in `python -m awq_cupy bench`,
+CTAs write %globaltimer at ten points; calls queued behind a spin kernel as in `python -m awq_cupy bench`,
 weights rotated. Usage:
     python3 bench/gemv_trace.py [M] [model] [tiles/warps,...]   (default 1, mistral-7b, the planned launch only)
 Per layer and plan, medians over the calls, in ns relative to the end of the previous call's last CTA: the first and
@@ -15,7 +15,7 @@ import numpy as np
 
 from awq_cupy import kernels, ops
 from awq_cupy.bench import MODELS, rotated_weights
-from awq_cupy.jit import arch_of_device, as_i32, get_kernel
+from awq_cupy.jit import arch_of_device, get_kernel
 
 M = int(sys.argv[1]) if len(sys.argv) > 1 else 1
 model = sys.argv[2] if len(sys.argv) > 2 else "mistral-7b"
@@ -42,12 +42,9 @@ for name, K, N in MODELS[model]:
             k = get_kernel(FAM, kernels.gemv_variant("float16", p["token_blocks"], p["tiles"], p["aligned"]))
             trace = cp.zeros((CALLS, p["grid"], 12), cp.uint64)
 
-            def call(i):
-                w = wq[i % nq]
-                k.launch((p["grid"],), (32 * p["warps"],),
-                         (x, w.qtiles, w.scales, w.zeros, trace[i], y, as_i32(M), as_i32(N), as_i32(K),
-                          as_i32(p["NT16"]), as_i32(w.KS), as_i32(G), as_i32(w.NG), as_i32(w.NT * 64))
-                         + ops.gemv_dividers(p, w.KS, G), smem=p["smem"], pdl=pdl)
+            def call(i):   # the trace buffer stands in for the bias (AWQ_GEMV_TRACE)
+                k.launch((p["grid"],), (32 * p["warps"],), ops.gemv_args(x, wq[i % nq], trace[i], y, M, p),
+                         smem=p["smem"], pdl=pdl)
             call(0)
             cp.cuda.get_current_stream().synchronize()
             spin.launch((1,), (1,), (np.int64(20_000_000),))

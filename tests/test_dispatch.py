@@ -4,8 +4,8 @@ import math
 import pytest
 
 from awq_cupy import dispatch, jit, kernels
-from awq_cupy.ops import (fastdiv, gemm_shape_for, gemv_dividers, plan_gemm, plan_gemv, plan_splits, rounds_weights,
-                          uses_cublas)
+from awq_cupy.ops import (fastdiv, gemm_shape_for, gemv_args, gemv_dividers, plan_gemm, plan_gemv, plan_splits,
+                          rounds_weights, uses_cublas)
 
 
 def _fd(n, d):
@@ -90,11 +90,12 @@ def test_fastdiv_is_exact_below_2_31():
 
 def test_gemv_dividers_check_the_index_range():
     p = plan_gemv(1, 4096, 4096, 128)
-    assert [int(v) for v in gemv_dividers(p, 64, 128)] == [int(fastdiv(d)) for d in (p["grid"], p["warps"], 64, 128)]
+    got = gemv_dividers(p["grid"], p["NT16"], p["warps"], 64, 128)
+    assert [int(v) for v in got] == [int(fastdiv(d)) for d in (p["grid"], p["warps"], 64, 128)]
     with pytest.raises(ValueError, match="32-bit index"):
-        gemv_dividers(dict(p, NT16=2**31 // p["grid"]), 64, 128)
+        gemv_dividers(p["grid"], 2**31 // p["grid"], p["warps"], 64, 128)
     with pytest.raises(ValueError, match="32-bit index"):
-        gemv_dividers(p, 2**25, 128)
+        gemv_dividers(p["grid"], p["NT16"], p["warps"], 2**25, 128)
 
 
 @pytest.mark.parametrize("NT16,KS", [(448, 64), (64, 64), (96, 64), (256, 224), (4, 1), (16, 64), (12, 3),
@@ -679,3 +680,20 @@ def test_dispatch_table_is_consistent():
     assert rounds_weights(1, batch_invariant=True)
     assert uses_cublas(d.cublas_min_m, "float16") and not uses_cublas(d.cublas_min_m - 1, "float16")
     assert not uses_cublas(10**6, "bfloat16") and not uses_cublas(10**6, "float16", batch_invariant=True)
+
+
+def test_gemv_args_follow_the_kernel_signature():
+    """ops.gemv_args (the GEMV launch and bench/gemv_trace.py) passes awq_gemv_tc_kernel's parameters in order:
+    x, qtiles, scales, zeros, bias, y, M, N, K, NT16, KS, G, NG, Np, then the four fastdiv dividers."""
+    import types
+
+    import numpy as np
+
+    w = types.SimpleNamespace(qtiles="q", scales="s", zeros="z", N=4096, K=14336, KS=224, group_size=128, NG=112,
+                              NT=64)
+    p = plan_gemv(3, 14336, 4096, 128)
+    args = gemv_args("x", w, "b", "y", 3, p)
+    assert args[:6] == ("x", "q", "s", "z", "b", "y")
+    assert all(isinstance(a, np.int32) for a in args[6:14]) and all(isinstance(a, np.uint64) for a in args[14:])
+    assert [int(a) for a in args[6:14]] == [3, 4096, 14336, p["NT16"], 224, 128, 112, 64 * 64]
+    assert args[14:] == gemv_dividers(p["grid"], p["NT16"], p["warps"], 224, 128)
