@@ -676,10 +676,13 @@ def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, 
     if wg:   # x as per-(token tile, 64-k unit) shared-memory images, each brought in by one bulk copy
         m_tiles, BM = p["grid"][2], 8 * nb
         chunks = m_tiles * w.KS * BM * 8
+        if BM & (BM - 1) or chunks >= 2**30:
+            raise ValueError(f"x tiles: {BM} tokens per tile must be a power of two and {chunks} chunks "
+                             f"fewer than 2^30")
         xin = _workspace(chunks * 4, w.device, "x_tiles")
         kernel("gemm_wg", tile_x_variant(kind), w.device).launch(
             (min(-(-chunks // 256), 1 << 16),), (256,),
-            (x2, xin, as_i32(M), as_i32(w.K), as_i32(w.KS), as_i32(BM), np.int64(chunks)), pdl=pdl)
+            (x2, xin, as_i32(M), as_i32(w.K), as_i32(w.KS), as_i32(BM), np.int64(chunks), fastdiv(w.KS)), pdl=pdl)
     gk.launch(p["grid"], (32 * GEMM_WARPS,),
               (xin, w.qtiles, w.scales, w.zeros, bias_arg, y2, ws, as_i32(M), as_i32(w.N), as_i32(w.K),
                as_i32(p["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(Np), as_i32(p["per"])),
