@@ -343,28 +343,15 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
         for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
           for (int e = 0; e < 4; ++e) v[i][nb][e] = 0.f;
-      // R contributors' partials are loaded before any is added (one shared-memory latency per R instead of per
-      // contributor), then added in warp order as before: the same sums, bit for bit.
-      constexpr int F = TW * NB, R = F >= 8 ? 1 : 8 / F;
-      for (int w2 = warp; w2 <= w_hi; w2 += R) {
-        float4 q[R][F];
+      for (int w2 = warp; w2 <= w_hi; ++w2) {
+        const float4* p = partial_ptr(w2 == warp ? (tl * KS == u0 ? 2 * warp : 2 * warp + 1) : 2 * w2);
 #pragma unroll
-        for (int r = 0; r < R; ++r)
-          if (w2 + r <= w_hi) {
-            const float4* p = partial_ptr(w2 + r == warp ? (tl * KS == u0 ? 2 * warp : 2 * warp + 1) : 2 * (w2 + r));
+        for (int i = 0; i < TW; ++i)
 #pragma unroll
-            for (int f = 0; f < F; ++f) q[r][f] = p[f * 32];
+          for (int nb = 0; nb < NB; ++nb) {
+            const float4 q = p[(i * NB + nb) * 32];
+            v[i][nb][0] += q.x; v[i][nb][1] += q.y; v[i][nb][2] += q.z; v[i][nb][3] += q.w;
           }
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-          if (w2 + r <= w_hi)
-#pragma unroll
-            for (int i = 0; i < TW; ++i)
-#pragma unroll
-              for (int nb = 0; nb < NB; ++nb) {
-                const float4 a = q[r][i * NB + nb];
-                v[i][nb][0] += a.x; v[i][nb][1] += a.y; v[i][nb][2] += a.z; v[i][nb][3] += a.w;
-              }
       }
       store(tl, v);
     }
