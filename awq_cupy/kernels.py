@@ -166,7 +166,14 @@ BENCH_UTIL = KernelFamily("bench_util", "bench_util.cu",
                                   for n in ns),
                           hot=False)
 
-FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (DEQUANT, REPACK, GEMM_TC, GEMM_WG, GEMV_TC, BENCH_UTIL)}
+# sm_90a probes for bench/ (kernels_cu/bench_wg.cu): wgmma rates by N and accumulators per warpgroup
+BENCH_WG = KernelFamily("bench_wg", "bench_wg.cu",
+                        lambda arch: tuple(f"awq_wgmma_probe_kernel<{n}, {a}>" for n in (8, 16, 32, 64)
+                                           for a in (1, 2, 4, 8) if n * a <= 128),
+                        hot=False, min_cc=90, arch_specific=True)
+
+FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (DEQUANT, REPACK, GEMM_TC, GEMM_WG, GEMV_TC, BENCH_UTIL,
+                                                         BENCH_WG)}
 
 
 def dequant_variant(out_dtype: str, scale_dtype: str) -> str:

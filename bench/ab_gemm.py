@@ -3,9 +3,11 @@
 RUN is "name" or "name:key=value,...": splits, tiles, depth, pend, reduce_cols, ksplit are ops._launch_gemm
 arguments (a depth outside the shape table is added to it; pend is the wgmma kernel's PEND template argument, any of
 1..3 here; reduce_cols the split-K reduce kernel's columns per thread, 2, 4 or 8; ksplit=2 two K streams per CTA);
-tile=T makes every M take the token tile T (ops.gemm_token_tile patched). The gemm_wg family is narrowed to the
-variants the runs need, so it compiles in seconds.
-PKG_DIR (a directory holding another awq_cupy/ and kernels_cu/) is put first on sys.path when given.
+tile=T makes every M take the token tile T (ops.gemm_token_tile patched); notilex=1 skips the x tile pass (timing
+only: the GEMM reads the tiles an earlier run of the case left, so put it after a normal run). The gemm_wg family is
+narrowed to the variants the runs need, so it compiles in seconds.
+PKG_DIR (a directory holding another awq_cupy/ with its kernels_cu/ inside as a package, so that an editable
+install's finder does not hand it this tree's kernels) is put first on sys.path when given.
 """
 import dataclasses
 import os
@@ -22,9 +24,9 @@ import numpy as np  # noqa: E402
 import awq_cupy  # noqa: E402
 from awq_cupy import kernels, ops  # noqa: E402
 from awq_cupy.bench import MODELS, Timer, rotated_weights  # noqa: E402
-from awq_cupy.jit import arch_of_device  # noqa: E402
+from awq_cupy.jit import _kernel_dir, arch_of_device  # noqa: E402
 
-print(f"# {label}: {awq_cupy.__file__}", flush=True)
+print(f"# {label}: {awq_cupy.__file__}, kernels from {_kernel_dir()}", flush=True)
 runs = []
 for a in args:
     name, _, kv = a.partition(":")
@@ -32,12 +34,29 @@ for a in args:
 token_tile = ops.gemm_token_tile
 
 
+real_kernel = kernels.kernel
+
+
+class _NoLaunch:
+    def launch(self, *args, **kwargs):
+        pass
+
+
+def _without_tile_x(family, variant, device_id=None):
+    return _NoLaunch() if variant.startswith("awq_tile_x_kernel") else real_kernel(family, variant, device_id)
+
+
 def use_tile(kw):
-    """Patch ops.gemm_token_tile for a run with tile=T; returns the launch kwargs without it."""
+    """Patch ops.gemm_token_tile for a run with tile=T, and kernels.kernel for one with notilex=1 (the x tile pass
+    is not launched: the GEMM reads the tiles the previous run of the same case left, a timing probe of what that
+    kernel costs on the chain); returns the launch kwargs without them."""
     kw = dict(kw)
     t = kw.pop("tile", None)
     ops.gemm_token_tile = token_tile if t is None else (lambda M, wgmma=False: t)
+    kernels.kernel = _without_tile_x if kw.pop("notilex", 0) else real_kernel
     return kw
+
+
 CASES = {"qkv": (256,), "o": (128,), "gate_up": (64, 256), "down": (128,)}
 if os.environ.get("AB_CASES"):
     CASES = {}
@@ -61,6 +80,8 @@ for _, kw in runs:
         nb, tw, depth = ops.gemm_shape_for(M, kw.get("tiles"), wgmma=True, depth=kw.get("depth"))
         for pend in {kw.get("pend")} | set(kernels.gemm_wg_pends((nb, tw, depth))):
             needed.add(kernels.gemm_wg_variant("float16", nb, tw, depth, True, pend, kw.get("ksplit", 1)))
+            if "ksplit" not in kw and "pend" not in kw and (nb, tw, depth) in kernels.GEMM_WG_KSPLIT_SHAPES:
+                needed.add(kernels.gemm_wg_variant("float16", nb, tw, depth, True, None, 2))   # the planner's
 fam = dataclasses.replace(kernels.GEMM_WG, variants=lambda arch: tuple(sorted(needed)))
 kernels.FAMILIES["gemm_wg"] = fam
 

@@ -1,8 +1,9 @@
-"""A/B of the GEMV kernel source in one process: kernels_cu/gemv_tc_ab.cu (a previous version, launched with the
-argument list of a181c66: no fastdiv parameters) against the current gemv_tc.cu, planned launches, Mistral-7B layers,
-timed like `python -m awq_cupy bench`, each side twice; outputs must match bit for bit. Usage:
-    git show a181c66:kernels_cu/gemv_tc.cu > kernels_cu/gemv_tc_ab.cu   (git-ignored: pass it in the device's carry)
+"""A/B of the GEMV kernel source in one process: kernels_cu/gemv_tc_ab.cu (a previous version with the current
+argument list, ops.gemv_args) against the current gemv_tc.cu, planned launches, Mistral-7B layers, timed like
+`python -m awq_cupy bench`, each side twice; outputs must match bit for bit. Usage:
+    git show main:kernels_cu/gemv_tc.cu > kernels_cu/gemv_tc_ab.cu   (git-ignored: pass it in the device's carry)
     [AB_MS=1,16] python3 bench/gemv_ab.py
+(The fastdiv A/B of bench/NOTES.md v25 ran a181c66's kernel with its own, shorter argument list.)
 """
 import dataclasses
 import os
@@ -12,7 +13,7 @@ import numpy as np
 
 from awq_cupy import kernels, ops
 from awq_cupy.bench import MODELS, Timer, rotated_weights
-from awq_cupy.jit import arch_of_device, as_i32
+from awq_cupy.jit import arch_of_device
 
 arch = arch_of_device(0)
 sms = ops._sm_count(0)
@@ -37,9 +38,7 @@ for name, K, N in MODELS["mistral-7b"]:
             if label == "old":
                 def call(i):
                     w = wq[i % nq]
-                    old.launch((p["grid"],), (32 * p["warps"],),
-                               (x, w.qtiles, w.scales, w.zeros, ops._NULL, y, as_i32(M), as_i32(N), as_i32(K),
-                                as_i32(p["NT16"]), as_i32(w.KS), as_i32(128), as_i32(w.NG), as_i32(w.NT * 64)),
+                    old.launch((p["grid"],), (32 * p["warps"],), ops.gemv_args(x, w, ops._NULL, y, M, p),
                                smem=p["smem"], pdl=ops.uses_pdl(arch))
             else:
                 def call(i):
