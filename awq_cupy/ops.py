@@ -674,11 +674,8 @@ def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, 
     ws = _workspace(p["splits"] * M * Np, w.device) if p["splits"] > 1 else _NULL
     xin = x2
     if wg:   # x as per-(token tile, 64-k unit) shared-memory images, each brought in by one bulk copy
-        m_tiles, BM = p["grid"][2], 8 * nb
-        chunks = m_tiles * w.KS * BM * 8
-        if BM & (BM - 1) or chunks >= 2**30:
-            raise ValueError(f"x tiles: {BM} tokens per tile must be a power of two and {chunks} chunks "
-                             f"fewer than 2^30")
+        BM = 8 * nb
+        chunks = x_tile_chunks(M, w.K, BM)
         xin = _workspace(chunks * 4, w.device, "x_tiles")
         kernel("gemm_wg", tile_x_variant(kind), w.device).launch(
             (min(-(-chunks // 256), 1 << 16),), (256,),
@@ -693,6 +690,19 @@ def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, 
         items = M * w.N // cols
         rk.launch((min(-(-items // 256), 4096),), (256,),
                   (ws, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(Np), as_i32(p["splits"])), pdl=pdl)
+
+
+def x_tile_chunks(M: int, K: int, BM: int) -> int:
+    """16-byte chunks of the wgmma GEMM's x tiles for M rows of K (token tiles of BM rows, 64-k units): what
+    awq_tile_x_kernel writes. Its 32-bit indices (shifts by BM, a power of two, and one multiply-shift division)
+    hold fewer than 2^30 chunks, i.e. M x K below ~2^33 elements (16 GB of x); beyond that a clear error."""
+    if BM < 8 or BM & (BM - 1):
+        raise ValueError(f"x tiles: the token tile ({BM} rows) must be a power of two of at least 8")
+    chunks = -(-M // BM) * -(-K // 64) * BM * 8
+    if chunks >= 2**30:
+        raise ValueError(f"x has {M} rows of K={K}: the fused GEMM's x tile pass handles fewer than 2^30 16-byte "
+                         f"chunks ({chunks} here, about 2^33 elements of x); split the rows into smaller calls")
+    return chunks
 
 
 _sm_counts: dict = {}

@@ -697,3 +697,20 @@ def test_gemv_args_follow_the_kernel_signature():
     assert all(isinstance(a, np.int32) for a in args[6:14]) and all(isinstance(a, np.uint64) for a in args[14:])
     assert [int(a) for a in args[6:14]] == [3, 4096, 14336, p["NT16"], 224, 128, 112, 64 * 64]
     assert args[14:] == gemv_dividers(p["grid"], p["NT16"], p["warps"], 224, 128)
+
+
+def test_x_tile_chunks_counts_the_tiles_and_refuses_what_32_bit_indices_cannot_hold():
+    """ops.x_tile_chunks: ceil(M / BM) token tiles x ceil(K / 64) units x BM rows x 8 chunks; a ValueError naming
+    the rows and K from 2^30 chunks on (awq_tile_x_kernel's 32-bit indices), and for a token tile that is not a
+    power of two (its shifts)."""
+    from awq_cupy.ops import x_tile_chunks
+
+    assert x_tile_chunks(1, 64, 16) == 16 * 8
+    assert x_tile_chunks(17, 4096, 32) == 1 * 64 * 32 * 8
+    assert x_tile_chunks(300, 1000, 256) == 2 * 16 * 256 * 8          # K % 64 != 0: its last unit counts
+    big_m = (2**30 - 1) // (64 * 8)                                   # BM = 256 rows per tile: the largest M
+    assert x_tile_chunks(big_m // 256 * 256, 4096, 256) < 2**30
+    with pytest.raises(ValueError, match=r"x has \d+ rows of K=8192.*2\^30"):
+        x_tile_chunks(2**20, 8192, 256)
+    with pytest.raises(ValueError, match="power of two"):
+        x_tile_chunks(100, 64, 24)
