@@ -694,15 +694,16 @@ def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, 
 
 def x_tile_chunks(M: int, K: int, BM: int) -> int:
     """16-byte chunks of the wgmma GEMM's x tiles for M rows of K (token tiles of BM rows, 64-k units): what
-    awq_tile_x_kernel writes. Its 32-bit indices (shifts by BM, a power of two, and one multiply-shift division)
-    hold fewer than 2^30 chunks, i.e. M x K below ~2^33 elements (16 GB of x); beyond that a clear error."""
+    awq_tile_x_kernel writes. Its index arithmetic (shifts by BM, a power of two, and one 32-bit multiply-shift
+    division of the (token tile, unit) index) needs fewer than 2^31 (token tile, unit) pairs, i.e. M x K below
+    ~2^37 elements even for 16-token tiles; beyond that a clear error."""
     if BM < 8 or BM & (BM - 1):
         raise ValueError(f"x tiles: the token tile ({BM} rows) must be a power of two of at least 8")
-    chunks = -(-M // BM) * -(-K // 64) * BM * 8
-    if chunks >= 2**30:
-        raise ValueError(f"x has {M} rows of K={K}: the fused GEMM's x tile pass handles fewer than 2^30 16-byte "
-                         f"chunks ({chunks} here, about 2^33 elements of x); split the rows into smaller calls")
-    return chunks
+    pairs = -(-M // BM) * -(-K // 64)
+    if pairs >= 2**31:
+        raise ValueError(f"x has {M} rows of K={K}: the fused GEMM's x tile pass handles fewer than 2^31 (token "
+                         f"tile, 64-k unit) pairs ({pairs} here); split the rows into smaller calls")
+    return pairs * BM * 8
 
 
 _sm_counts: dict = {}

@@ -62,28 +62,30 @@ AWQ_DEVICE u64 desc_sw128(u32 lo) { return ((u64)DESC_HI << 32) | lo; }
 // is word w of each of the four 8-k pieces x[32 h + 8 p .. + 7], p = 0..3 (the lanes' pairs of mma k16 step
 // 2 h + (w >> 1), half w & 1). One thread per chunk gathers its four words (the eight threads of a row read the
 // row's 128 bytes between them, through L1) and writes 16 bytes; a warp writes four whole rows. Grid-stride.
-// BM is a power of two (8 x 2..32) and chunks < 2^30 (the host checks both): the chunk index splits by shifts and
-// one fastdiv (common.cuh) by KS, instead of 64-bit divisions per chunk.
+// BM is a power of two (8 x 2..32) and there are fewer than 2^31 (token tile, unit) pairs (the host checks both):
+// the chunk index splits by shifts and one fastdiv (common.cuh) by KS, instead of 64-bit divisions per chunk.
 template <typename T>
 __global__ void __launch_bounds__(256) awq_tile_x_kernel(const T* __restrict__ x, uint4* __restrict__ xt, int M,
                                                        int K, int KS, int BM, long long chunks, u64 fd_ks) {
   pdl_trigger();   // the GEMM may launch and load its first weights meanwhile
   const int bm_log2 = __ffs(BM) - 1;
   pdl_wait();      // x may come from the previous kernel
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < (int)chunks; i += gridDim.x * blockDim.x) {
-    const int c = i & 7;
-    const int rest = i >> 3;
-    const int r = rest & (BM - 1);
-    const int tu = rest >> bm_log2;               // token tile * KS + unit
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < chunks;
+       i += (long long)gridDim.x * blockDim.x) {
+    // i = (tu BM + r) 8 + c: the 64-bit index only in the loop, its parts by 32-bit shifts
+    const u32 lo = (u32)i;
+    const int c = (int)(lo & 7u);
+    const int r = (int)(lo >> 3) & (BM - 1);
+    const u32 tu = __funnelshift_r(lo, (u32)(i >> 32), 3 + bm_log2);   // token tile * KS + unit (< 2^31)
     const int mt = (int)fastdiv(tu, fd_ks);
-    const int ks = tu - mt * KS;
+    const int ks = (int)tu - mt * KS;
     const long long m = (long long)mt * BM + r;
     const int k = 64 * ks + 32 * (c >> 2) + 2 * (c & 3);   // word c & 3 of piece p = 0 (+ 8 p); K % 8 == 0
     u32 v[4];
 #pragma unroll
     for (int p = 0; p < 4; ++p)
       v[p] = (m < M && k + 8 * p < K) ? __ldg(reinterpret_cast<const u32*>(x + m * K + k + 8 * p)) : 0u;
-    xt[((long long)tu * BM + r) * 8 + (c ^ (r & 7))] = make_uint4(v[0], v[1], v[2], v[3]);   // awq_units::swz order
+    xt[i ^ (r & 7)] = make_uint4(v[0], v[1], v[2], v[3]);   // chunk c ^ (r % 8) of its row: awq_units::swz order
   }
 }
 

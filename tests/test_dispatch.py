@@ -700,17 +700,17 @@ def test_gemv_args_follow_the_kernel_signature():
 
 
 def test_x_tile_chunks_counts_the_tiles_and_refuses_what_32_bit_indices_cannot_hold():
-    """ops.x_tile_chunks: ceil(M / BM) token tiles x ceil(K / 64) units x BM rows x 8 chunks; a ValueError naming
-    the rows and K from 2^30 chunks on (awq_tile_x_kernel's 32-bit indices), and for a token tile that is not a
-    power of two (its shifts)."""
+    """ops.x_tile_chunks: ceil(M / BM) token tiles x ceil(K / 64) units x BM rows x 8 chunks, also past 2^31
+    chunks (awq_tile_x_kernel's loop index is 64-bit); a ValueError naming the rows and K from 2^31 (token tile,
+    unit) pairs on (its 32-bit multiply-shift division), and for a token tile that is not a power of two."""
     from awq_cupy.ops import x_tile_chunks
 
     assert x_tile_chunks(1, 64, 16) == 16 * 8
     assert x_tile_chunks(17, 4096, 32) == 1 * 64 * 32 * 8
     assert x_tile_chunks(300, 1000, 256) == 2 * 16 * 256 * 8          # K % 64 != 0: its last unit counts
-    big_m = (2**30 - 1) // (64 * 8)                                   # BM = 256 rows per tile: the largest M
-    assert x_tile_chunks(big_m // 256 * 256, 4096, 256) < 2**30
-    with pytest.raises(ValueError, match=r"x has \d+ rows of K=8192.*2\^30"):
-        x_tile_chunks(2**20, 8192, 256)
+    assert x_tile_chunks(2**20, 8192, 256) == 2**12 * 128 * 256 * 8   # 2^30 chunks: fine
+    assert x_tile_chunks(2**22, 2**15, 16) == 2**18 * 2**9 * 16 * 8    # 2^27 pairs, 2^34 chunks: fine
+    with pytest.raises(ValueError, match=r"x has \d+ rows of K=65536.*2\^31"):
+        x_tile_chunks(2**26, 2**16, 16)                                # 2^32 pairs
     with pytest.raises(ValueError, match="power of two"):
         x_tile_chunks(100, 64, 24)

@@ -379,6 +379,23 @@ def test_gemm_is_deterministic_and_split_count_only_matters(rng, path):
             np.testing.assert_array_equal(a[:13].view(np.uint16), ref.view(np.uint16), err_msg=f"rows {what}")
 
 
+def test_wgmma_x_tile_pass_strides_over_its_grid(rng):
+    """awq_tile_x_kernel runs at most 65536 blocks of 256 threads, one 16-byte chunk each per pass: with more than
+    2^24 chunks (here M = 8200 rows of K = 16384: 33 tiles of 256 tokens x 256 units x 2048 chunks) threads take
+    a second chunk 2^24 further on (its 64-bit index). The GEMM on those tiles against the reference."""
+    from awq_cupy.ops import x_tile_chunks
+
+    if not _has_wgmma():
+        pytest.skip("the wgmma GEMM needs compute capability 9.0")
+    K, N, M = 16384, 40, 8200
+    assert x_tile_chunks(M, K, 256) > 65536 * 256
+    Q, Z, S, G = random_layer(rng, K, N, 128)
+    w = _weight(Q, Z, S, G, "bfloat16")
+    x = random_x(rng, M, K, "bfloat16")
+    y = _gemm(x, w, None, None, None, wgmma=True)
+    assert_matmul_close(y, x, kernel_weight(Q, Z, S, G, "bfloat16"), "bfloat16", what=f"{M}x{K}x{N} x tile strides")
+
+
 def test_wgmma_two_k_streams_against_reference(rng):
     """KW = 2 (two warpgroups on the same channels, each half of a split's units, summed through shared memory):
     every token tile's shape, an odd unit count (the second stream one unit short), a single unit (the second
