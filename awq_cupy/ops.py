@@ -696,7 +696,7 @@ def x_tile_chunks(M: int, K: int, BM: int) -> int:
     """16-byte chunks of the wgmma GEMM's x tiles for M rows of K (token tiles of BM rows, 64-k units): what
     awq_tile_x_kernel writes. Its index arithmetic (shifts by BM, a power of two, and one 32-bit multiply-shift
     division of the (token tile, unit) index) needs fewer than 2^31 (token tile, unit) pairs, i.e. M x K below
-    ~2^37 elements even for 16-token tiles; beyond that a clear error."""
+    2^41 elements with 16-token tiles (2^45 with 256-token ones); beyond that a clear error."""
     if BM < 8 or BM & (BM - 1):
         raise ValueError(f"x tiles: the token tile ({BM} rows) must be a power of two of at least 8")
     pairs = -(-M // BM) * -(-K // 64)
