@@ -5,7 +5,9 @@ weights rotated. Usage:
 Per layer and plan, medians over the calls, in ns relative to the end of the previous call's last CTA: the first and
 last CTA start, then the timeline of the CTA that ends last (the critical path): entry, index arithmetic done,
 prologue loads issued, pdl_wait returned, first unit computed (warp 0), main loop done (all warps), end; and three
-points inside the index arithmetic (CTA's blocks, warp's units, load cursor).
+points inside the index arithmetic (CTA's blocks, warp's units, load cursor); then, for that CTA's warps, when
+their loops end (earliest, latest, which warp) and the longest epilogue after the last loop (medians; which warp,
+the median of the call's warp indices).
 """
 import dataclasses
 import sys
@@ -29,6 +31,7 @@ spin = kernels.kernel("bench_util", "awq_spin_kernel")
 rng = np.random.default_rng(0)
 CALLS = 48
 POINTS = ("entry", "index", "issued", "waited", "unit0", "loop", "end", "b0", "u0", "cursor")
+STRIDE = 44   # kernels_cu/gemv_tc.cu AWQ_TRACE_STRIDE: 12 CTA points, then (loop done, epilogue done) per warp
 for name, K, N in MODELS[model]:
     G = 128
     wq = rotated_weights(rng, K, N, G)
@@ -40,7 +43,7 @@ for name, K, N in MODELS[model]:
             tw, wp = plan if plan else (None, None)
             p = ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, tiles=tw, warps=wp)
             k = get_kernel(FAM, kernels.gemv_variant("float16", p["token_blocks"], p["tiles"], p["aligned"]))
-            trace = cp.zeros((CALLS, p["grid"], 12), cp.uint64)
+            trace = cp.zeros((CALLS, p["grid"], STRIDE), cp.uint64)
 
             def call(i):   # the trace buffer stands in for the bias (AWQ_GEMV_TRACE)
                 k.launch((p["grid"],), (32 * p["warps"],), ops.gemv_args(x, wq[i % nq], trace[i], y, M, p),
@@ -52,14 +55,22 @@ for name, K, N in MODELS[model]:
                 call(i)
             cp.cuda.get_current_stream().synchronize()
             t = trace.get().astype(np.int64)
-            rows = []
+            rows, warps = [], []
+            W = p["warps"]
             for c in range(8, CALLS):            # skip the first calls (the spin's end, the queue's start)
                 ref = t[c - 1, :, 6].max()
                 last = int(np.argmax(t[c, :, 6]))
                 rows.append([t[c, :, 0].min() - ref, t[c, :, 0].max() - ref] + list(t[c, last, :10] - ref))
+                loop_done = t[c, last, 12:12 + 2 * W:2] - ref     # per warp of the last CTA
+                epi_done = t[c, last, 13:13 + 2 * W:2] - ref
+                warps.append([loop_done.min(), loop_done.max(), int(np.argmax(loop_done)),
+                              (epi_done - loop_done.max()).max(), int(np.argmax(epi_done))])
             med = np.median(np.array(rows), axis=0)
+            wmed = np.median(np.array(warps), axis=0)
             label = f"{p['tiles']}/{p['warps']}"
             print(f"{name:8s} M={M:3d} {label:5s} pdl={int(pdl)}  starts {med[0]:6.0f}..{med[1]:6.0f} | last CTA "
                   + " ".join(f"{n} {v:6.0f}" for n, v in zip(POINTS, med[2:])), flush=True)
+            print(f"{'':8s}   its warps: loops done {wmed[0]:6.0f}..{wmed[1]:6.0f} (last: warp {wmed[2]:.0f}), "
+                  f"longest epilogue after the last loop {wmed[3]:6.0f} (warp {wmed[4]:.0f})", flush=True)
     wq = None
     cp.get_default_memory_pool().free_all_blocks()

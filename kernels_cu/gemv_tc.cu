@@ -50,18 +50,23 @@ template <int NB, int TW, bool GA> struct Bounds {
 
 // AWQ_GEMV_TRACE (bench/gemv_trace.py only): thread 0 of each CTA writes %globaltimer at ten points (0..6: entry,
 // index arithmetic done, prologue loads issued, pdl_wait returned, first unit computed, main loop done, end; 7..9:
-// inside the index arithmetic) into `bias`, taken as u64 [grid][12]; no bias is added. Without it: no code.
+// inside the index arithmetic), and lane 0 of each warp w at two more (12 + 2 w: its own loop done, 13 + 2 w: its
+// epilogue done), into `bias`, taken as u64 [grid][AWQ_TRACE_STRIDE]; no bias is added. Without it: no code.
 #ifdef AWQ_GEMV_TRACE
-#define AWQ_TRACE(j)                                                                                  \
+#define AWQ_TRACE_STRIDE 44
+#define AWQ_TRACE_AT(cond, j)                                                                         \
   do {                                                                                               \
-    if (threadIdx.x == 0) {                                                                          \
+    if (cond) {                                                                                      \
       u64 t_;                                                                                        \
       asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_)::"memory");                              \
-      reinterpret_cast<u64*>(const_cast<T*>(bias_in))[blockIdx.x * 12 + (j)] = t_;                    \
+      reinterpret_cast<u64*>(const_cast<T*>(bias_in))[blockIdx.x * AWQ_TRACE_STRIDE + (j)] = t_;      \
     }                                                                                                \
   } while (0)
+#define AWQ_TRACE(j) AWQ_TRACE_AT(threadIdx.x == 0, j)
+#define AWQ_TRACE_WARP(j) AWQ_TRACE_AT((threadIdx.x & 31) == 0, 12 + 2 * (threadIdx.x >> 5) + (j))
 #else
 #define AWQ_TRACE(j) do {} while (0)
+#define AWQ_TRACE_WARP(j) do {} while (0)
 #endif
 
 // floor(n / d) for a launch constant d: on sm_90 a multiply and a shift with the host's parameter fd (common.cuh
@@ -327,6 +332,7 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
 #endif
     }
   }
+  AWQ_TRACE_WARP(0);
   __syncthreads();
   AWQ_TRACE(5);
 
@@ -357,6 +363,7 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
     }
   }
 #ifdef AWQ_GEMV_TRACE
+  AWQ_TRACE_WARP(1);
   __syncthreads();
   AWQ_TRACE(6);
 #endif
