@@ -7,9 +7,11 @@ last CTA start, then the timeline of the CTA that ends last (the critical path):
 prologue loads issued, pdl_wait returned, first unit computed (warp 0), main loop done (all warps), end; and three
 points inside the index arithmetic (CTA's blocks, warp's units, load cursor); then, for that CTA's warps, when
 their loops end (earliest, latest, which warp) and the longest epilogue after the last loop (medians; which warp,
-the median of the call's warp indices).
+the median of the call's warp indices). TRACE_SOURCE=gemv_tc_ab.cu traces that file's kernel instead (prepared as
+for bench/gemv_ab.py), to compare two versions' timelines.
 """
 import dataclasses
+import os
 import sys
 
 import cupy as cp
@@ -23,6 +25,7 @@ M = int(sys.argv[1]) if len(sys.argv) > 1 else 1
 model = sys.argv[2] if len(sys.argv) > 2 else "mistral-7b"
 plans = [None] + ([tuple(int(v) for v in p.split("/")) for p in sys.argv[3].split(",")] if len(sys.argv) > 3 else [])
 FAM = dataclasses.replace(kernels.GEMV_TC, name="gemv_trace", defines=(("AWQ_GEMV_TRACE", "1"),),
+                          source=os.environ.get("TRACE_SOURCE", kernels.GEMV_TC.source),
                           variants=lambda a: tuple(kernels.gemv_variant("float16", -(-M // 8), tw, True)
                                                    for tw in (1, 2, 3, 4)))
 arch = arch_of_device(0)
