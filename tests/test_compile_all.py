@@ -174,3 +174,42 @@ def test_gemv_trace_build_compiles(tmp_path, monkeypatch):
     c = jit.compile_family(fam, jit.ARCHS["90"])
     assert tuple(c.lowered) == names
     assert all(c.resources[n].spill_stores == 0 for n in names), c.resources
+
+
+def test_sass_loop_finds_the_tensor_core_loop():
+    """bench/sass_loop.py (the loop comparison before device time) picks the longest backward branch with at least
+    8 tensor-core instructions, not a longer loop without them nor a forward branch, and compares schedules with
+    registers and addresses erased."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "bench" / "sass_loop.py"
+    spec = importlib.util.spec_from_file_location("sass_loop", path)
+    sass_loop = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sass_loop)
+
+    def sass(body_regs, extra=0):
+        lines = ["        /*0000*/                   MOV R1, c[0x0][0x28] ;"]
+        addr = 0x10
+        for i in range(30):        # a longer loop without HMMA
+            lines.append(f"        /*{addr:04x}*/                   IADD3 R{i % 7}, R2, 0x1, RZ ;")
+            addr += 0x10
+        lines.append(f"        /*{addr:04x}*/               @P0 BRA 0x10 ;")
+        addr += 0x10
+        start = addr
+        for i in range(9 + extra):
+            lines.append(f"        /*{addr:04x}*/                   HMMA.16816.F32 R{body_regs + i}, R4, R8, R12 ;")
+            addr += 0x10
+        lines.append(f"        /*{addr:04x}*/               @P1 BRA 0x{addr + 0x20:x} ;")   # forward
+        addr += 0x10
+        lines.append(f"        /*{addr:04x}*/              @!P2 BRA 0x{start:x} ;")
+        lines.append(f"        /*{addr + 0x10:04x}*/                   EXIT ;")
+        return "\n".join(lines)
+
+    loop = sass_loop.main_loop(sass_loop.instructions(sass(20)))
+    assert len(loop) == 11 and sum("HMMA" in t for t in loop) == 9 and loop[-1] == "@!P2 BRA 0x200"
+    renamed = sass_loop.main_loop(sass_loop.instructions(sass(40)))
+    assert renamed != loop and [sass_loop.erase(t) for t in renamed] == [sass_loop.erase(t) for t in loop]
+    longer = sass_loop.main_loop(sass_loop.instructions(sass(20, extra=1)))
+    assert [sass_loop.erase(t) for t in longer] != [sass_loop.erase(t) for t in loop]
+    assert [sass_loop.opcode(t) for t in loop][:2] == ["HMMA", "HMMA"]
