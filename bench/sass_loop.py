@@ -21,13 +21,10 @@ import re
 import shutil
 import site
 import subprocess
-import sys
 import tempfile
 from collections import Counter
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from awq_cupy import jit, kernels  # noqa: E402
+from awq_cupy import jit, kernels
 
 _INS = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _BACK = re.compile(r"BRA (?:\S+, )?(?:`\(\.L_x_\d+\) )?0x([0-9a-f]+)")
