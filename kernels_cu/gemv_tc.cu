@@ -21,13 +21,14 @@
 //   streams the same number of bytes whatever the shape.
 // - A column group covered by one warp is written by that warp. A group shared by consecutive warps (at most
 //   the ends of each run) leaves fp32 partials in shared memory; after one block barrier, the warp in which
-//   the group starts adds them in warp order and writes y. The summation order depends on (K, N, G), the GPU
-//   and the launch plan, never on timing, so results are bitwise reproducible run to run.
+//   the group starts adds them in warp order and writes y (two token blocks on sm_90 with one column group per
+//   CTA: the CTA's threads share that sum, same order, awq_gemv_shared_groups). The summation order depends on
+//   (K, N, G), the GPU and the launch plan, never on timing, so results are bitwise reproducible run to run.
 // Memory pipeline: plain 16-byte loads into registers, one or two units ahead: while a warp decodes and
 // multiplies unit u, the loads of the next units (TW weight words with the streaming cache hint, the scale/zero
-// words of their blocks, and the x^T fragments of their 64 k) are in flight. On the H200 this reaches 3.7 TB/s with 2 KB in
-// flight per warp, where a cp.async shared-memory ring of any depth stayed at 1.6-3.5 TB/s (bench/NOTES.md, v10,
-// bench/stream_probe.py). x is read through L1 (every warp of the CTA reads the same rows).
+// words of their blocks, and the x^T fragments of their 64 k) are in flight. On the H200 this reaches 3.7 TB/s
+// with 2 KB in flight per warp, where a cp.async shared-memory ring of any depth stayed at 1.6-3.5 TB/s
+// (bench/NOTES.md, v10, bench/stream_probe.py). x is read through L1 (every warp of the CTA reads the same rows).
 // Math: the weights enter the mma as exact (q - z); each group's fp32 sum is multiplied by the channel's scale
 // at the group's end, once per group (GA: groups of whole 64-k blocks, or one group) or per 32 k (G % 64 == 32).
 // Variants: T x (NB, TW) x GA (table: awq_cupy/kernels.py); W (warps per CTA) is a launch parameter; THR and STG
@@ -77,6 +78,43 @@ template <int NB, int TW, bool GA> struct Bounds {
 #else
 #define AWQ_GEMV_DIV(n, d, fd) ((u32)(n) / (u32)(d))
 #endif
+
+// Shared column groups (covered by the runs of several warps): the (group, block, token block, lane) items of
+// all of them are spread over the CTA's threads; a thread adds its item's contributors' partials in warp order,
+// starting with the warp in which the group starts (the same order as that warp would use, so the same bits).
+// A group ending inside the run of the warp where it starts was stored by that warp. Not inlined: ptxas then
+// schedules the kernel's main loop closer to the way it does without this epilogue (bench/sass_loop.py).
+template <typename T, int NB, int TW>
+__device__ __noinline__ void awq_gemv_shared_groups(const float* __restrict__ partials, const T* __restrict__ bias,
+                                                    T* __restrict__ y, int M, int N, int KS, int b0, int nblk,
+                                                    int U) {
+  constexpr int ITEMS = TW * NB * 32;
+  const int ngroups = (nblk + TW - 1) / TW;
+  for (int idx = threadIdx.x; idx < ngroups * ITEMS; idx += blockDim.x) {
+    const int g = idx / ITEMS, it = idx - ITEMS * g;
+    const int ga = g * KS, w_lo = ga / U, w_hi = (ga + KS - 1) / U;   // the warps whose runs cover the group
+    const int ln = it & 31, inb = it >> 5, i = inb / NB, nb = inb - NB * i;
+    if (w_lo == w_hi || TW * g + i >= nblk) continue;               // stored by that warp; a missing block
+    const float4* p = reinterpret_cast<const float4*>(partials) + inb * 32 + ln;
+    float4 v = p[(w_lo * U == ga ? 2 * w_lo : 2 * w_lo + 1) * ITEMS];   // w_lo's first segment, or its last
+    v = make_float4(0.f + v.x, 0.f + v.y, 0.f + v.z, 0.f + v.w);       // as a sum from zero
+#pragma unroll 4
+    for (int w2 = w_lo + 1; w2 <= w_hi; ++w2) {
+      const float4 q = p[2 * w2 * ITEMS];                              // the group is w2's first segment
+      v.x += q.x; v.y += q.y; v.z += q.z; v.w += q.w;
+    }
+    const float r[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int ch = 16 * (b0 + TW * g + i) + (ln >> 2) + 8 * (e >> 1), tok = 8 * nb + 2 * (ln & 3) + (e & 1);
+      if (tok < M && ch < N) {
+        float o = r[e];
+        if (bias != nullptr) o += Traits<T>::to_float(bias[ch]);
+        y[(long long)tok * N + ch] = Traits<T>::from_float(o);
+      }
+    }
+  }
+}
 
 // THR, STG: the launch bound and the register stages, by default from awq_gemv::Bounds.
 template <typename T, int NB, int TW, bool GA, int THR = awq_gemv::Bounds<NB, TW, GA>::threads,
@@ -336,30 +374,38 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
   __syncthreads();
   AWQ_TRACE(5);
 
-  // Shared column groups: the warp in which a group starts sums the partials of its contributors in warp
-  // order. Only the run's last group can start here and continue past the run's end.
-  if (run > 0) {
-    const int tl = (int)AWQ_GEMV_DIV(u1 - 1, KS, fd_ks);
-    if (tl * KS >= u0 && (tl + 1) * KS > u1) {
-      const int w_hi = ((tl + 1) * KS - 1) / U;
-      float v[TW][NB][4];
-#pragma unroll
-      for (int i = 0; i < TW; ++i)
-#pragma unroll
-        for (int nb = 0; nb < NB; ++nb)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) v[i][nb][e] = 0.f;
-      for (int w2 = warp; w2 <= w_hi; ++w2) {
-        const float4* p = partial_ptr(w2 == warp ? (tl * KS == u0 ? 2 * warp : 2 * warp + 1) : 2 * w2);
+  // Two token blocks on sm_90 (measured there, v27), one column group per CTA: the group's sum spread over the
+  // CTA. With several groups their first warps sum them side by side already (gate_up: slower spread). One token
+  // block (slower), the (2, 3) variant without aligned groups (at its register bound) and the other archs keep
+  // the sum by the group's first warp.
+  if (NB == 2 && (TW != 3 || GA) && AWQ_CUPY_CC >= 900 && nblk <= TW) {
+    awq_gemv_shared_groups<T, NB, TW>(partials, bias, y, M, N, KS, b0, nblk, U);
+  } else {
+    // Shared column groups: the warp in which a group starts sums the partials of its contributors in warp
+    // order. Only the run's last group can start here and continue past the run's end.
+    if (run > 0) {
+      const int tl = (int)AWQ_GEMV_DIV(u1 - 1, KS, fd_ks);
+      if (tl * KS >= u0 && (tl + 1) * KS > u1) {
+        const int w_hi = ((tl + 1) * KS - 1) / U;
+        float v[TW][NB][4];
 #pragma unroll
         for (int i = 0; i < TW; ++i)
 #pragma unroll
-          for (int nb = 0; nb < NB; ++nb) {
-            const float4 q = p[(i * NB + nb) * 32];
-            v[i][nb][0] += q.x; v[i][nb][1] += q.y; v[i][nb][2] += q.z; v[i][nb][3] += q.w;
-          }
+          for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) v[i][nb][e] = 0.f;
+        for (int w2 = warp; w2 <= w_hi; ++w2) {
+          const float4* p = partial_ptr(w2 == warp ? (tl * KS == u0 ? 2 * warp : 2 * warp + 1) : 2 * w2);
+#pragma unroll
+          for (int i = 0; i < TW; ++i)
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) {
+              const float4 q = p[(i * NB + nb) * 32];
+              v[i][nb][0] += q.x; v[i][nb][1] += q.y; v[i][nb][2] += q.z; v[i][nb][3] += q.w;
+            }
+        }
+        store(tl, v);
       }
-      store(tl, v);
     }
   }
 #ifdef AWQ_GEMV_TRACE
