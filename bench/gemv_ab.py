@@ -2,7 +2,9 @@
 argument list, ops.gemv_args) against the current gemv_tc.cu, planned launches, Mistral-7B layers, timed like
 `python -m awq_cupy bench`, each side twice; outputs must match bit for bit. Usage:
     git show main:kernels_cu/gemv_tc.cu > kernels_cu/gemv_tc_ab.cu   (git-ignored: pass it in the device's carry)
-    [AB_MS=1,16] python3 bench/gemv_ab.py
+    [AB_MS=1,16] [AB_MODEL=mistral-7b] [AB_LAYERS=qkv,gate_up] python3 bench/gemv_ab.py
+Where the two sides sum in a different order (another work split), the largest difference relative to the largest
+output is printed instead of "bitwise equal".
 (The fastdiv A/B of bench/NOTES.md v25 ran a181c66's kernel with its own, shorter argument list.)
 """
 import dataclasses
@@ -18,14 +20,17 @@ from awq_cupy.jit import arch_of_device
 arch = arch_of_device(0)
 sms = ops._sm_count(0)
 ms = [int(m) for m in os.environ.get("AB_MS", "1,16").split(",")]
-plans = {(n, M): ops.plan_gemv(M, K, N, 128, arch=arch, sm_count=sms) for n, K, N in MODELS["mistral-7b"] for M in ms}
+model = os.environ.get("AB_MODEL", "mistral-7b")
+only = os.environ.get("AB_LAYERS")
+layers = [(n, K, N) for n, K, N in MODELS[model] if not only or n in only.split(",")]
+plans = {(n, M): ops.plan_gemv(M, K, N, 128, arch=arch, sm_count=sms) for n, K, N in layers for M in ms}
 needed = tuple(sorted({kernels.gemv_variant("float16", p["token_blocks"], p["tiles"], p["aligned"])
                        for p in plans.values()}))
 OLD = dataclasses.replace(kernels.GEMV_TC, name="gemv_ab", source="gemv_tc_ab.cu", variants=lambda a: needed)
 timer = Timer()
 rng = np.random.default_rng(0)
 sums = {}
-for name, K, N in MODELS["mistral-7b"]:
+for name, K, N in layers:
     wq = rotated_weights(rng, K, N, 128)
     nq = len(wq)
     for M in ms:
@@ -49,8 +54,10 @@ for name, K, N in MODELS["mistral-7b"]:
             sums[(label, M)] = sums.get((label, M), 0.0) + us / 2
             line.append(f"{label} {us:6.2f}")
         same = all(bool((o.view(cp.uint16) == outs[0].view(cp.uint16)).all()) for o in outs)
+        ref = outs[0].astype(cp.float32)
+        diff = max(float(cp.abs(o.astype(cp.float32) - ref).max()) for o in outs) / float(cp.abs(ref).max())
         print(f"{name:8s} M={M:2d} tiles={p['tiles']} warps={p['warps']} " + "  ".join(line)
-              + f"  bitwise {'equal' if same else 'DIFFERENT'}", flush=True)
+              + ("  bitwise equal" if same else f"  max diff {diff:.1e} of max |y|"), flush=True)
     wq = None
     cp.get_default_memory_pool().free_all_blocks()
 for M in ms:

@@ -262,6 +262,21 @@ AWQ_DEVICE void pdl_trigger() {
 #endif
 }
 
+// Activations (x, x tiles: anything the previous kernel of the stream may write) are read with coherent loads,
+// never ld.global.nc (__ldg): the non-coherent path assumes data that nothing writes while the kernel runs, which
+// programmatic dependent launch breaks, and ptxas then may (and in one GEMV build did, bench/NOTES.md v28) move such
+// a load above griddepcontrol.wait. volatile keeps NVVM from moving them across pdl_wait() as well. Through L1.
+AWQ_DEVICE uint4 ld_act16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+AWQ_DEVICE u32 ld_act4(const void* p) {
+  u32 v;
+  asm volatile("ld.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
+  return v;
+}
+
 // One 16-byte shared-memory load at a shared-window byte address (16-byte aligned; spelled out because the
 // compiler cannot see the alignment of a computed address and would split it into four 4-byte loads).
 AWQ_DEVICE uint4 lds128(u32 addr) {

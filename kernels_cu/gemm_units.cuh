@@ -109,7 +109,7 @@ template <typename T, int TW, int SZ, int BM, int THREADS, bool WX = true> struc
     const bool kin = WX && l_k + xk < K;
 #pragma unroll
     for (int r = 0; r < CPT; ++r)
-      st.xc[r] = (((xok >> r) & 1u) && kin) ? __ldg(reinterpret_cast<const uint4*>(xsrc + r * xstep + l_k))
+      st.xc[r] = (((xok >> r) & 1u) && kin) ? ld_act16(xsrc + r * xstep + l_k)
                                            : make_uint4(0u, 0u, 0u, 0u);
     l_w += 32;
     l_k += 64;

@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(256) awq_tile_x_kernel(const T* __restrict__ x
     u32 v[4];
 #pragma unroll
     for (int p = 0; p < 4; ++p)
-      v[p] = (m < M && k + 8 * p < K) ? __ldg(reinterpret_cast<const u32*>(x + m * K + k + 8 * p)) : 0u;
+      v[p] = (m < M && k + 8 * p < K) ? ld_act4(x + m * K + k + 8 * p) : 0u;
     xt[i ^ (r & 7)] = make_uint4(v[0], v[1], v[2], v[3]);   // chunk c ^ (r % 8) of its row: awq_units::swz order
   }
 }

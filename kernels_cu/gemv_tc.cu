@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int k = k0 + 32 * h;                          // + 8 t4 inside xrow; K % 8 == 0
-        const uint4 v = (xtok[nb] && k + 8 * t4 < K) ? __ldg(reinterpret_cast<const uint4*>(xrow[nb] + k))
+        const uint4 v = (xtok[nb] && k + 8 * t4 < K) ? ld_act16(xrow[nb] + k)
                                                      : make_uint4(0u, 0u, 0u, 0u);
         st.xb[nb][4 * h] = v.x;
         st.xb[nb][4 * h + 1] = v.y;

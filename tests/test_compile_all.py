@@ -213,3 +213,45 @@ def test_sass_loop_finds_the_tensor_core_loop():
     longer = sass_loop.main_loop(sass_loop.instructions(sass(20, extra=1)))
     assert [sass_loop.erase(t) for t in longer] != [sass_loop.erase(t) for t in loop]
     assert [sass_loop.opcode(t) for t in loop][:2] == ["HMMA", "HMMA"]
+
+
+def _ptx(family, arch_key, names):
+    """PTX of ``names`` of ``family`` for ``arch_key`` (NVRTC on the CPU, the library's options without ptxas)."""
+    from cupy.cuda import nvrtc
+
+    arch = jit.ARCHS[arch_key]
+    opts = [o for o in jit.compile_options(family, arch) if not o.startswith("--ptxas")]
+    prog = nvrtc.createProgram(jit.read_source(family.source), f"{family.name}.cu", [], [])
+    try:
+        for n in names:
+            nvrtc.addNameExpression(prog, n)
+        nvrtc.compileProgram(prog, opts)
+        ptx = nvrtc.getPTX(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    return ptx.decode() if isinstance(ptx, bytes) else ptx
+
+
+@pytest.mark.parametrize("family,arch_key,names", [
+    (kernels.GEMV_TC, "90", ("awq_gemv_tc_kernel<__half, 1, 1, true>",
+                             "awq_gemv_tc_kernel<__nv_bfloat16, 2, 3, false>")),
+    (kernels.GEMM_TC, "90", ("awq_gemm_sw_kernel<__half, 2, 2, 5, true>",)),
+    (kernels.GEMM_WG, "90a", ("awq_tile_x_kernel<__half>",)),
+])
+def test_activations_are_read_coherently_after_the_dependency_wait(family, arch_key, names):
+    """x (written by the previous kernel, which with programmatic dependent launch may still be running) is read
+    with coherent loads (common.cuh ld_act16 / ld_act4), never ld.global.nc: ptxas moved such loads above
+    griddepcontrol.wait in a GEMV build (bench/NOTES.md v28), and the chained-call GPU test then read stale x.
+    In the PTX: no 16-byte non-coherent load (those are x's; weights stream with .cs, scales and zeros are 4-byte
+    .nc), tile_x has no non-coherent load at all, and every coherent load comes after a griddepcontrol.wait."""
+    ptx = _ptx(family, arch_key, names)
+    entries = re.split(r"\n\.(?:visible|weak) \.entry ", ptx)[1:]
+    assert len(entries) == len(names)
+    for entry in entries:
+        assert "griddepcontrol.wait" in entry
+        assert not re.search(r"ld\.global\.nc\.v4", entry), "a 16-byte ld.global.nc (x through __ldg?)"
+        if "tile_x" in entry.split("(")[0]:
+            assert "ld.global.nc" not in entry
+        first_wait = entry.index("griddepcontrol.wait")
+        coherent = [m.start() for m in re.finditer(r"ld\.global(\.v4)?\.u32", entry)]
+        assert coherent and min(coherent) > first_wait, "a coherent x load before griddepcontrol.wait"

@@ -271,6 +271,30 @@ def test_gemv_every_warp_count(rng):
             assert_matmul_close(y, x, W64, "float16", what=f"tiles={tiles} warps={warps} M={M}")
 
 
+@pytest.mark.parametrize("G", [64, 32])
+def test_gemv_short_column_groups_against_reference(rng, G):
+    """CTAs of 6 and 7 column blocks (N = 16 (6.5 x SMs)), so that with 2, 3 or 4 blocks per unit a CTA's last
+    column group is short and the warps' runs end inside and across groups; K = 1088 (17 units per block, odd), two
+    scale groups per unit at G = 32; every warp count down to one."""
+    from awq_cupy import ops
+    from awq_cupy.kernels import GEMV_SHAPES as instantiated
+
+    sms = ops._sm_count(0)
+    K, N = 1088, 16 * (6 * sms + sms // 2)
+    Q, Z, S, G = random_layer(rng, K, N, G)
+    w = _weight(Q, Z, S, G, "float16")
+    W64 = kernel_weight(Q, Z, S, G, "float16", rounded=False)
+    for nb, tiles in instantiated:
+        if tiles == 1:
+            continue
+        M = 8 * nb - 5
+        x = random_x(rng, M, K, "float16")
+        most = ops.plan_gemv(M, K, N, G, sm_count=sms, tiles=tiles)["warps"]
+        for warps in sorted({most, 7, 2, 1}):
+            y = _gemv(x, w, tiles, warps=warps)
+            assert_matmul_close(y, x, W64, "float16", what=f"tiles={tiles} warps={warps} M={M} G={G}")
+
+
 def test_gemv_is_deterministic_and_rows_are_independent(rng):
     """Bitwise the same run to run; and a row's result does not depend on the other rows whenever the launch
     plan (warps per CTA, blocks per unit) is the same, since the summation order depends only on the plan."""
