@@ -14,14 +14,21 @@ from awq_cupy.jit import arch_of_device
 from awq_cupy.kernels import GEMM_SHAPES, GEMM_WG_SHAPES
 
 rng = np.random.default_rng(0)
+
+
+def gemm_tensors(K, N, G):
+    """A random layer as AutoAWQ gemm-packed device tensors (qweight, qzeros, scales)."""
+    Q = rng.integers(0, 16, (K, N), dtype=np.uint8)
+    Z = rng.integers(0, 16, (K // G, N), dtype=np.uint8)
+    S = rng.uniform(0.01, 0.02, (K // G, N)).astype(np.float16)
+    return {k: cp.asarray(v) for k, v in formats.pack(Q, Z, S, "gemm", G).items()}
+
+
 for K, N, G, kinds in [(24, 8, -1, ("float16", "bfloat16")), (96, 72, 32, ("float16", "bfloat16")),
                        (328, 136, -1, ("float16",)), (1024, 520, 128, ("float16", "bfloat16")),
                        (768, 4160, 96, ("float16",))]:
     G = formats.resolve_group_size(G, K)
-    Q = rng.integers(0, 16, (K, N), dtype=np.uint8)
-    Z = rng.integers(0, 16, (K // G, N), dtype=np.uint8)
-    S = rng.uniform(0.01, 0.02, (K // G, N)).astype(np.float16)
-    t = {k: cp.asarray(v) for k, v in formats.pack(Q, Z, S, "gemm", G).items()}
+    t = gemm_tensors(K, N, G)
     for kind in kinds:
         awq_cupy.dequantize_gemm(t["qweight"], t["qzeros"], t["scales"], G, dtype=kind)
         w = awq_cupy.QuantizedWeight.from_gemm(t["qweight"], t["qzeros"], t["scales"], G, dtype=kind)
@@ -57,15 +64,12 @@ for K, N, G, kinds in [(24, 8, -1, ("float16", "bfloat16")), (96, 72, 32, ("floa
                 y = cp.empty((M, N), dtype=x.dtype)
                 ops._launch_gemm(x, w, bias, y, M, kind, arch_of_device(w.device), ops._sm_count(w.device), False,
                                  splits=min(5, w.KS), wgmma=False, reduce_cols=cols)
-# GEMV CTAs of 6 and 7 column blocks: short last column groups with 2, 3 and 4 blocks per unit, runs cut by cost,
-# a warp that runs whole-group and short-group units (K = 1088: 17 units per block; G = 32: two groups per unit)
+# GEMV CTAs of 6 and 7 column blocks: short last column groups with 2, 3 and 4 blocks per unit, warps' runs that
+# end inside and across groups (K = 1088: 17 units per block; G = 32: two groups per unit)
 sms = ops._sm_count(0)
 for G in (64, 32):
     K, N = 1088, 16 * (6 * sms + sms // 2)
-    Q = rng.integers(0, 16, (K, N), dtype=np.uint8)
-    Z = rng.integers(0, 16, (K // G, N), dtype=np.uint8)
-    S = rng.uniform(0.01, 0.02, (K // G, N)).astype(np.float16)
-    t = {k: cp.asarray(v) for k, v in formats.pack(Q, Z, S, "gemm", G).items()}
+    t = gemm_tensors(K, N, G)
     w = awq_cupy.QuantizedWeight.from_gemm(t["qweight"], t["qzeros"], t["scales"], G, dtype="float16")
     for M, tiles, warps in itertools.product((1, 16), (2, 3, 4), (None, 2)):
         x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))

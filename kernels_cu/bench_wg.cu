@@ -15,20 +15,20 @@ __global__ void __launch_bounds__(512, 1) awq_wgmma_probe_kernel(float* __restri
   __syncthreads();
   const u32 v = 0x3c003c00u ^ (threadIdx.x & 7);
   const u32 a[4] = {v, v ^ 1u, v ^ 2u, v ^ 3u};
-  const u64 desc = ((u64)((1024 >> 4) | (1u << 30)) << 32) | (((smem_addr(btile) & 0x3FFFFu) >> 4) | (1u << 16));
+  const u64 desc = awq_wg::desc_sw128(awq_wg::desc_lo(smem_addr(btile)));
   float acc[NACC][N / 2];
 #pragma unroll
   for (int j = 0; j < NACC; ++j)
 #pragma unroll
     for (int e = 0; e < N / 2; ++e) acc[j][e] = 0.f;
   for (int it = 0; it < iters; ++it) {
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    awq_wg::fence();
 #pragma unroll
     for (int j = 0; j < NACC; ++j) Wgmma<__half, N>::run(acc[j], a, desc + 2 * (j & 3));
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+    awq_wg::commit();
+    awq_wg::wait<1>();
   }
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  awq_wg::wait<0>();
   float s = 0.f;
 #pragma unroll
   for (int j = 0; j < NACC; ++j)

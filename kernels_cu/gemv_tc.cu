@@ -146,16 +146,12 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
   // This CTA's 16-column blocks [b0, b0 + nblk), taken TW at a time, and this warp's units [u0, u1).
   const int b0 = (int)AWQ_GEMV_DIV(blockIdx.x * NT16, gridDim.x, fd_grid);
   const int nblk = (int)AWQ_GEMV_DIV((blockIdx.x + 1) * NT16, gridDim.x, fd_grid) - b0;
-#ifdef AWQ_GEMV_TRACE
   if (nblk >= 0) AWQ_TRACE(7);
-#endif
   const int units = (nblk + TW - 1) / TW * KS;
   const int U = (int)AWQ_GEMV_DIV(units + W - 1, W, fd_w);
   const int u0 = min(units, warp * U), u1 = min(units, u0 + U);
   const int run = u1 - u0;
-#ifdef AWQ_GEMV_TRACE
   if (run >= 0) AWQ_TRACE(8);
-#endif
 
   // Shared memory: fp32 partials [2W][TW NB][32] float4 (slot 2w: warp w's first segment, 2w + 1: its last;
   // lane-minor, so a warp's float4 accesses do not conflict).
@@ -173,9 +169,7 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
   const long long sz0 = (long long)(NG == 1 ? 0 : grp) * np2 + 8 * (b0 + TW * l_cg) + g8;
   const u32* l_s = scales + sz0;
   const u32* l_z = zeros + sz0;
-#ifdef AWQ_GEMV_TRACE
   if (sz0 >= 0 && l_gk >= 0) AWQ_TRACE(9);
-#endif
   // x^T fragments: in the layout's mma k order (layout.k_of_kappa) lane (g8, t4)'s b0, b1 of k16 steps 2h and
   // 2h + 1 are the 8 consecutive values x[token 8 nb + g8, 64 ks + 32 h + 8 t4 .. + 7]: one 16-byte load per half.
   const T* xrow[NB];
@@ -365,9 +359,7 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
       if (it + j >= run) break;
       if (it + j + S - 1 < run) load(st[(j + S - 1) % S], true);
       compute(st[j], it + j);
-#ifdef AWQ_GEMV_TRACE
       if (it + j == 0) AWQ_TRACE(4);
-#endif
     }
   }
   AWQ_TRACE_WARP(0);

@@ -7,6 +7,19 @@
 // PTX ISA "Asynchronous Warpgroup Level Matrix Multiply-Accumulate Instructions" (wgmma.mma_async).
 #pragma once
 
+namespace awq_wg {
+AWQ_DEVICE void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+AWQ_DEVICE void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> AWQ_DEVICE void wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+// Shared-memory matrix descriptor, K-major with the 128-byte swizzle: start address / 16 (bits 0-13), leading
+// byte offset 1 (unused by swizzled K-major layouts), stride byte offset 1024 / 16 between 8-row groups
+// (bits 32-45), swizzle mode 1 = 128 B (bits 62-63).
+// Split into its low word (address field | leading byte offset) and the constant high word.
+AWQ_DEVICE u32 desc_lo(u32 addr) { return ((addr & 0x3FFFFu) >> 4) | (1u << 16); }
+constexpr u32 DESC_HI = (1024 >> 4) | (1u << 30);
+AWQ_DEVICE u64 desc_sw128(u32 lo) { return ((u64)DESC_HI << 32) | lo; }
+}  // namespace awq_wg
+
 template <typename T, int N> struct Wgmma;
 
 template <> struct Wgmma<__half, 8> {
