@@ -36,6 +36,16 @@ GEMV_SLOT_TILES = (2, 3, 4)
 H200_GEMV_SLOT = {"float16": {1: {4: 1.0, 3: 1.17, 2: 1.16}, 2: {4: 1.0, 3: 1.05, 2: 1.23}},
                   "bfloat16": {1: {4: 1.0, 3: 1.21, 2: 1.25}, 2: {4: 1.0, 3: 1.34, 2: 1.3}}}
 
+# The pair variants with two 64-k blocks per unit (kdepth 2; groups of whole 64-k blocks): their time per block slot
+# on the same scale, per dtype and token blocks; where a dtype has none they are not used. H200, fp16: fitted by hand
+# to bench/results/h200_gemv_kd2_v29.txt (bench/NOTES.md v29), between the choices it must reproduce: at 1 token
+# block faster than pairs (Mistral-7B o and down at M = 8: 5.66 / 12.60 -> 5.53 / 12.28 us) and than fours with 14
+# blocks per CTA (gate_up M = 1: 20.42 -> 20.03), slower than fours with 28 or 4 (Llama-2-70B gate_up 67.2 -> 70.6,
+# o 12.4 -> 12.9) and than threes with 3 (qkv 6.0 -> 7.6); at 2 token blocks faster than pairs (o M = 16 6.94 ->
+# 6.47, down 16.64 -> 16.33), slower than threes with 3, 5 and 14 (qkv; Llama-2-70B qkv; gate_up 25.9 -> 26.9) and
+# fours with 4. Not fitted by `python -m awq_cupy tune`.
+H200_GEMV_KD2_SLOT = {"float16": {1: 1.12, 2: 1.18}}
+
 
 def default_gemv_slot(dtype: str, token_blocks: int) -> dict[int, float]:
     """The H200's GEMV slot times for ``dtype`` (fp16's for another name) and ``token_blocks``."""

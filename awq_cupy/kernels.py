@@ -69,10 +69,15 @@ GEMM_TC = KernelFamily("gemm_tc", "gemm_tc.cu", _gemm_variants, hot=True)
 # when TW * NB >= 4 and for (1, 3) with two scale groups per unit, 8 when TW * NB >= 8: registers).
 GEMV_TOKEN_BLOCKS = (1, 2)
 GEMV_SHAPES = ((1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2), (2, 3), (2, 4))   # (token blocks, tiles)
+# Shapes also built with two 64-k blocks per unit (template KD = 2; groups of whole 64-k blocks only): a unit of
+# pairs then holds as many block-units as one of fours, without the fours' padding (bench/NOTES.md v29).
+GEMV_KD2_SHAPES = ((1, 2), (2, 2))
 
 
-def gemv_max_warps(token_blocks: int, tiles: int, arch: Arch, aligned: bool = True) -> int:
-    """Warps per CTA the variant is compiled for (``awq_gemv::Bounds`` in the kernel; ``aligned``: GA)."""
+def gemv_max_warps(token_blocks: int, tiles: int, arch: Arch, aligned: bool = True, kdepth: int = 1) -> int:
+    """Warps per CTA the variant is compiled for (``awq_gemv::Bounds`` in the kernel, by blocks per unit =
+    tiles x kdepth; ``aligned``: GA)."""
+    tiles *= kdepth
     if tiles * token_blocks >= 8:
         return 8
     if tiles * token_blocks >= 4 or (tiles == 3 and not aligned):
@@ -85,13 +90,16 @@ def gemv_smem_bytes(warps: int, token_blocks: int, tiles: int) -> int:
     return 2 * warps * 32 * tiles * token_blocks * 4 * 4
 
 
-def gemv_variant(dtype: str, token_blocks: int, tiles: int, aligned: bool) -> str:
-    return f"awq_gemv_tc_kernel<{CTYPE[dtype]}, {token_blocks}, {tiles}, {'true' if aligned else 'false'}>"
+def gemv_variant(dtype: str, token_blocks: int, tiles: int, aligned: bool, kdepth: int = 1) -> str:
+    kd = f", {kdepth}" if kdepth != 1 else ""
+    return f"awq_gemv_tc_kernel<{CTYPE[dtype]}, {token_blocks}, {tiles}, {'true' if aligned else 'false'}{kd}>"
 
 
 GEMV_TC = KernelFamily("gemv_tc", "gemv_tc.cu",
                        lambda arch: tuple(gemv_variant(d, nb, tw, ga) for d in gemm_dtypes(arch)
-                                          for nb, tw in GEMV_SHAPES for ga in (True, False)),
+                                          for nb, tw in GEMV_SHAPES for ga in (True, False))
+                       + tuple(gemv_variant(d, nb, tw, True, 2) for d in gemm_dtypes(arch)
+                               for nb, tw in GEMV_KD2_SHAPES),
                        hot=True)
 
 # Hopper warpgroup-MMA GEMM (kernels_cu/gemm_wg.cu, sm_90a only): (token blocks of 8 = wgmma N / 8, 16-column

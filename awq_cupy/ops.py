@@ -387,6 +387,18 @@ def gemv_tiles_by_slot(most: int, slot: dict[int, float]) -> int:
     return min(slot, key=lambda tw: (-(-most // tw) * tw * slot[tw], -tw))
 
 
+def gemv_kdepth_for(M: int, NT16: int, grid: int, tiles: int, slot: dict[int, float], dtype: str = "float16",
+                    aligned: bool = True) -> int:
+    """64-k blocks per GEMV unit: 2 (the pair variant with two blocks per unit) where its padded block slots at
+    ``dispatch.H200_GEMV_KD2_SLOT``'s time cost less than those of ``tiles`` (``gemv_tiles_for``'s choice) at
+    ``slot``'s, for groups of whole 64-k blocks and a dtype with a time there; else 1."""
+    most = -(-NT16 // grid)
+    kd2 = dispatch.H200_GEMV_KD2_SLOT.get(dtype, {}).get(-(-M // 8))
+    if kd2 is None or not aligned or tiles < 2 or tiles not in slot:
+        return 1
+    return 2 if -(-most // 2) * 2 * kd2 < -(-most // tiles) * tiles * slot[tiles] else 1
+
+
 def gemv_grid(N: int, sm_count: int) -> tuple[int, int]:
     """(16-column blocks, CTAs) of the GEMV for N output channels: one CTA per SM, at most one per block."""
     from .layout import padded_sizes
@@ -396,36 +408,46 @@ def gemv_grid(N: int, sm_count: int) -> tuple[int, int]:
 
 
 def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: int = 132,
-              tiles: int | None = None, warps: int | None = None, dtype: str = "float16") -> dict:
+              tiles: int | None = None, warps: int | None = None, dtype: str = "float16",
+              kdepth: int | None = None) -> dict:
     """Launch plan of the GEMV for M <= 16 tokens on ``arch`` (a jit.Arch; default sm_90): dict(token_blocks,
-    tiles, aligned, grid, warps, smem, NT16). One CTA per SM (at most one per 16-column block) of the variant's
-    warp count. ``tiles`` (blocks per warp unit) defaults to ``gemv_tiles_for`` (with the dispatch row's slot times
-    for the activations' ``dtype``); ``warps`` overrides the warp count (for tuning). The plan depends on (M, K, N,
-    G), the dtype and the GPU, and so does the summation order."""
+    tiles, aligned, grid, warps, smem, NT16, kdepth). One CTA per SM (at most one per 16-column block) of the
+    variant's warp count. ``tiles`` (blocks per warp unit) and ``kdepth`` (64-k blocks per unit) default to
+    ``gemv_tiles_for`` (with the dispatch row's slot times for the activations' ``dtype``) and ``gemv_kdepth_for``;
+    given ``tiles``, ``kdepth`` defaults to 1. ``warps`` overrides the warp count (for tuning). The plan depends on
+    (M, K, N, G), the dtype and the GPU, and so does the summation order."""
     from .jit import ARCHS
-    from .kernels import GEMV_SHAPES, GEMV_TOKEN_BLOCKS, gemv_max_warps, gemv_smem_bytes
+    from .kernels import GEMV_KD2_SHAPES, GEMV_SHAPES, GEMV_TOKEN_BLOCKS, gemv_max_warps, gemv_smem_bytes
 
     arch = ARCHS["90"] if arch is None else arch
     nb = -(-M // 8)
     if M < 1 or nb not in GEMV_TOKEN_BLOCKS:
         raise ValueError(f"no GEMV variant for M={M} (1 to {8 * max(GEMV_TOKEN_BLOCKS)} rows)")
     NT16, grid = gemv_grid(N, sm_count)
+    NG = max(1, K // group_size)
+    aligned = group_size % 64 == 0 or NG == 1
     if tiles is None:
-        tw = gemv_tiles_for(M, NT16, grid, slot=dispatch.for_arch(arch.key).gemv_slot_for(dtype, nb))
+        slot = dispatch.for_arch(arch.key).gemv_slot_for(dtype, nb)
+        tw = gemv_tiles_for(M, NT16, grid, slot=slot)
+        if kdepth is None:
+            kdepth = gemv_kdepth_for(M, NT16, grid, tw, slot, dtype, aligned)
+            tw = 2 if kdepth == 2 else tw
     else:
         tw = tiles
     if (nb, tw) not in GEMV_SHAPES:
         raise ValueError(f"tiles={tw} is not a GEMV variant for M={M}; instantiated (token blocks, tiles): "
                          f"{GEMV_SHAPES}")
-    NG = max(1, K // group_size)
-    aligned = group_size % 64 == 0 or NG == 1
-    most = gemv_max_warps(nb, tw, arch, aligned)
+    kd = 1 if kdepth is None else kdepth
+    if kd != 1 and (kd != 2 or (nb, tw) not in GEMV_KD2_SHAPES or not aligned):
+        raise ValueError(f"kdepth={kdepth}: 1, or 2 for (token blocks, tiles) in {GEMV_KD2_SHAPES} with groups of "
+                         f"whole 64-k blocks (G={group_size})")
+    most = gemv_max_warps(nb, tw, arch, aligned, kd)
     w = most if warps is None else warps
     if not 1 <= w <= most:
         raise ValueError(f"warps={warps}: the GEMV variant for M={M}, tiles={tw}, G={group_size} runs 1 to {most} "
                          f"warps per CTA")
     return dict(token_blocks=nb, tiles=tw, aligned=aligned, grid=grid, NT16=NT16, warps=w,
-                smem=gemv_smem_bytes(w, nb, tw))
+                smem=gemv_smem_bytes(w, nb, tw), kdepth=kd)
 
 
 def uses_pdl(arch) -> bool:
@@ -452,14 +474,14 @@ def fastdiv(d: int) -> np.uint64:
     return np.uint64(m | s << 32)
 
 
-def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count, tiles=None, warps=None):
+def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count, tiles=None, warps=None, kdepth=None):
     from .jit import arch_of_device
     from .kernels import gemv_variant, kernel
 
     arch = arch_of_device(w.device)
     p = plan_gemv(M, w.K, w.N, w.group_size, arch=arch, sm_count=sm_count, tiles=tiles, warps=warps,
-                  dtype=kind)
-    k = kernel("gemv_tc", gemv_variant(kind, p["token_blocks"], p["tiles"], p["aligned"]), w.device)
+                  dtype=kind, kdepth=kdepth)
+    k = kernel("gemv_tc", gemv_variant(kind, p["token_blocks"], p["tiles"], p["aligned"], p["kdepth"]), w.device)
     k.launch((p["grid"],), (32 * p["warps"],), gemv_args(x2, w, bias_arg, y2, M, p), smem=p["smem"],
              pdl=uses_pdl(arch))
 
@@ -468,17 +490,18 @@ def gemv_args(x2, w, bias_arg, y2, M: int, plan: dict) -> tuple:
     """awq_gemv_tc_kernel's argument list for a plan_gemv ``plan`` (also used by bench/gemv_trace.py)."""
     return ((x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(w.K),
              as_i32(plan["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(w.NT * 64))
-            + gemv_dividers(plan["grid"], plan["NT16"], plan["warps"], w.KS, w.group_size))
+            + gemv_dividers(plan["grid"], plan["NT16"], plan["warps"], w.KS, w.group_size, plan.get("kdepth", 1)))
 
 
 @functools.lru_cache(maxsize=1024)
-def gemv_dividers(grid: int, NT16: int, warps: int, KS: int, group_size: int) -> tuple:
-    """The GEMV's fastdiv parameters (by its grid, warps per CTA, 64-k blocks and group size), cached per launch
-    shape; the numerators (CTA index x 16-column blocks, 64 x the k blocks) must stay below 2^31."""
+def gemv_dividers(grid: int, NT16: int, warps: int, KS: int, group_size: int, kdepth: int = 1) -> tuple:
+    """The GEMV's fastdiv parameters (by its grid, warps per CTA, units per column group = ceil(64-k blocks /
+    kdepth) and group size), cached per launch shape; the numerators (CTA index x 16-column blocks, 64 x the k
+    blocks) must stay below 2^31."""
     if (grid + 1) * NT16 >= 2**31 or 64 * KS >= 2**31:
         raise ValueError(f"GEMV: {NT16} column blocks x {grid} CTAs or K = {64 * KS} too large "
                          f"for 32-bit index arithmetic")
-    return (fastdiv(grid), fastdiv(warps), fastdiv(KS), fastdiv(group_size))
+    return (fastdiv(grid), fastdiv(warps), fastdiv(-(-KS // kdepth)), fastdiv(group_size))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 argument list, ops.gemv_args) against the current gemv_tc.cu, planned launches, Mistral-7B layers, timed like
 `python -m awq_cupy bench`, each side twice; outputs must match bit for bit. Usage:
     git show main:kernels_cu/gemv_tc.cu > kernels_cu/gemv_tc_ab.cu   (git-ignored: pass it in the device's carry)
-    [AB_MS=1,16] [AB_MODEL=mistral-7b] [AB_LAYERS=qkv,gate_up] python3 bench/gemv_ab.py
+    [AB_MS=1,16] [AB_MODEL=mistral-7b] [AB_LAYERS=qkv,gate_up] [AB_NEW=tiles:kdepth] python3 bench/gemv_ab.py
+AB_NEW runs the new side with that many blocks per unit and 64-k blocks per unit (e.g. 2:2) instead of its plan.
 Where the two sides sum in a different order (another work split), the largest difference relative to the largest
 output is printed instead of "bitwise equal".
 (The fastdiv A/B of bench/NOTES.md v25 ran a181c66's kernel with its own, shorter argument list.)
@@ -22,8 +23,10 @@ sms = ops._sm_count(0)
 ms = [int(m) for m in os.environ.get("AB_MS", "1,16").split(",")]
 model = os.environ.get("AB_MODEL", "mistral-7b")
 only = os.environ.get("AB_LAYERS")
+force = dict(zip(("tiles", "kdepth"), map(int, os.environ["AB_NEW"].split(":")))) if os.environ.get("AB_NEW") else {}
 layers = [(n, K, N) for n, K, N in MODELS[model] if not only or n in only.split(",")]
-plans = {(n, M): ops.plan_gemv(M, K, N, 128, arch=arch, sm_count=sms) for n, K, N in layers for M in ms}
+# the old side: the plan with one 64-k block per unit (the argument list of kernels before KD)
+plans = {(n, M): ops.plan_gemv(M, K, N, 128, arch=arch, sm_count=sms, kdepth=1) for n, K, N in layers for M in ms}
 needed = tuple(sorted({kernels.gemv_variant("float16", p["token_blocks"], p["tiles"], p["aligned"])
                        for p in plans.values()}))
 OLD = dataclasses.replace(kernels.GEMV_TC, name="gemv_ab", source="gemv_tc_ab.cu", variants=lambda a: needed)
@@ -47,7 +50,7 @@ for name, K, N in layers:
                                smem=p["smem"], pdl=ops.uses_pdl(arch))
             else:
                 def call(i):
-                    ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, "float16", sms)
+                    ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, "float16", sms, **force)
             call(0)
             outs.append(y.copy())
             us = timer(call, max(20, nq), 3)

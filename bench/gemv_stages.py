@@ -30,7 +30,7 @@ def variant(nb, tw, thr, stg, aligned=True):
         return base
     if not (thr and stg):
         raise SystemExit(f"threads={thr}, stages={stg}: give both, or neither for the variant's defaults")
-    return base[:-1] + f", {thr}, {stg}>"
+    return base[:-1] + f", 1, {thr}, {stg}>"   # KD = 1 (one 64-k block per unit), then THR and STG
 
 
 needed = tuple(sorted({variant(*v[:4]) for _, v in runs}))

@@ -1,4 +1,5 @@
-"""Sweep the GEMV's launch parameters (blocks per unit, warps per CTA) on model layers, timed like
+"""Sweep the GEMV's launch parameters (blocks per unit, also pairs with two 64-k blocks per unit "2x2", warps per
+CTA) on model layers, timed like
 `python -m awq_cupy bench` (queue preloaded, weights rotated). Usage:
     python3 bench/gemv_sweep.py [M,...] [model] [dtype]   (default 1,8, mistral-7b and float16)
 For M > 8 the fused GEMM's planned launch is timed too (the dispatch crossover). Prints the eight best plans per
@@ -12,7 +13,7 @@ import numpy as np
 from awq_cupy import ops
 from awq_cupy.bench import MODELS, Timer, rotated_weights
 from awq_cupy.jit import arch_of_device
-from awq_cupy.kernels import GEMV_SHAPES
+from awq_cupy.kernels import GEMV_KD2_SHAPES, GEMV_SHAPES
 
 ms = [int(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else [1, 8]
 kind = sys.argv[3] if len(sys.argv) > 3 else "float16"
@@ -30,17 +31,17 @@ for name, K, N in MODELS[sys.argv[2] if len(sys.argv) > 2 else "mistral-7b"]:
         x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16).astype(np.float32).astype(dt))
         y = cp.empty((M, N), dt)
         res = []
-        for nb, tw in GEMV_SHAPES:
+        for nb, tw, kd in [s + (1,) for s in GEMV_SHAPES] + [s + (2,) for s in GEMV_KD2_SHAPES]:
             if nb != -(-M // 8):
                 continue
             for warps in (16, 12, 8):
                 try:
-                    ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, tiles=tw, warps=warps)
+                    ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, tiles=tw, warps=warps, kdepth=kd)
                 except ValueError:
                     continue
                 us = timer(lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, kind, sms, tiles=tw,
-                                                      warps=warps), max(20, nq), 3)
-                res.append((us, tw, warps))
+                                                      warps=warps, kdepth=kd), max(20, nq), 3)
+                res.append((us, f"{tw}x2" if kd == 2 else tw, warps))
                 best = sums.setdefault((M, "gemv"), {})
                 best[name] = min(best.get(name, us), us)
         if M > 8:

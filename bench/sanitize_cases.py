@@ -46,6 +46,10 @@ for K, N, G, kinds in [(24, 8, -1, ("float16", "bfloat16")), (96, 72, 32, ("floa
                 for tiles in (1, 2, 3, 4):
                     y = cp.empty((M, N), dtype=x.dtype)
                     awq_cupy.ops._launch_gemv(x, w, bias, y, M, kind, awq_cupy.ops._sm_count(w.device), tiles=tiles)
+                if G % 64 == 0 or G == K:   # pairs with two 64-k blocks per unit
+                    y = cp.empty((M, N), dtype=x.dtype)
+                    awq_cupy.ops._launch_gemv(x, w, bias, y, M, kind, awq_cupy.ops._sm_count(w.device), tiles=2,
+                                              kdepth=2)
             for wg in sorted({False, ops.has_wgmma(arch_of_device(w.device))}) if M > 8 else ():
                 for nb, tw, depth in (GEMM_WG_SHAPES if wg else GEMM_SHAPES):  # every GEMM variant of M's tile
                     if ops.gemm_token_tile(M, wg) == 8 * nb:
@@ -75,5 +79,10 @@ for G in (64, 32):
         x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
         y = cp.empty((M, N), dtype=x.dtype)
         ops._launch_gemv(x, w, ops._NULL, y, M, "float16", sms, tiles=tiles, warps=warps)
+    if G == 64:   # pairs with two 64-k blocks per unit: 17 blocks, the last unit's second one past K
+        for M, warps in itertools.product((1, 16), (None, 2)):
+            x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
+            y = cp.empty((M, N), dtype=x.dtype)
+            ops._launch_gemv(x, w, ops._NULL, y, M, "float16", sms, tiles=2, warps=warps, kdepth=2)
 cp.cuda.Device().synchronize()
 print("sanitize cases done")

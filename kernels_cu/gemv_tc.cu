@@ -16,9 +16,11 @@
 // - The 16-column blocks are dealt to the CTAs (one per SM) in contiguous ranges that differ by at most one
 //   block; a CTA takes its blocks TW at a time ("column groups"; the last may be short, its missing blocks are
 //   neither read nor written).
-// - Inside a CTA, the (column group, 64-k block) units, group-major, are cut into W equal contiguous runs, one
-//   per warp. In the layout a run is one linear byte range per block (a block's K is contiguous), so every warp
-//   streams the same number of bytes whatever the shape.
+// - Inside a CTA, the (column group, KD consecutive 64-k blocks) units, group-major, are cut into W equal
+//   contiguous runs, one per warp. In the layout a run is one linear byte range per block (a block's K is
+//   contiguous), so every warp streams the same number of bytes whatever the shape. KD = 2 (pairs only, groups of
+//   whole 64-k blocks): a unit of two blocks x two 64-k blocks has the work of a four-block unit without the
+//   fours' padding (bench/NOTES.md v29); with an odd block count the last unit's second 64-k block is zeros.
 // - A column group covered by one warp is written by that warp. A group shared by consecutive warps (at most
 //   the ends of each run) leaves fp32 partials in shared memory; after one block barrier, the warp in which
 //   the group starts adds them in warp order and writes y (two token blocks on sm_90 with one column group per
@@ -31,8 +33,9 @@
 // (bench/NOTES.md, v10, bench/stream_probe.py). x is read through L1 (every warp of the CTA reads the same rows).
 // Math: the weights enter the mma as exact (q - z); each group's fp32 sum is multiplied by the channel's scale
 // at the group's end, once per group (GA: groups of whole 64-k blocks, or one group) or per 32 k (G % 64 == 32).
-// Variants: T x (NB, TW) x GA (table: awq_cupy/kernels.py); W (warps per CTA) is a launch parameter; THR and STG
-// (launch bound, register stages) default to awq_gemv::Bounds and are knobs for bench/gemv_stages.py.
+// Variants: T x (NB, TW) x GA, and (NB, 2) with KD = 2 (table: awq_cupy/kernels.py); W (warps per CTA) is a launch
+// parameter; THR and STG (launch bound, register stages) default to awq_gemv::Bounds of TW x KD blocks per unit and
+// are knobs for bench/gemv_stages.py.
 // Launched by awq_cupy.matmul.
 #include "common.cuh"
 
@@ -86,13 +89,13 @@ template <int NB, int TW, bool GA> struct Bounds {
 // schedules the kernel's main loop closer to the way it does without this epilogue (bench/sass_loop.py).
 template <typename T, int NB, int TW>
 __device__ __noinline__ void awq_gemv_shared_groups(const float* __restrict__ partials, const T* __restrict__ bias,
-                                                    T* __restrict__ y, int M, int N, int KS, int b0, int nblk,
+                                                    T* __restrict__ y, int M, int N, int KQ, int b0, int nblk,
                                                     int U) {
   constexpr int ITEMS = TW * NB * 32;
   const int ngroups = (nblk + TW - 1) / TW;
   for (int idx = threadIdx.x; idx < ngroups * ITEMS; idx += blockDim.x) {
     const int g = idx / ITEMS, it = idx - ITEMS * g;
-    const int ga = g * KS, w_lo = ga / U, w_hi = (ga + KS - 1) / U;   // the warps whose runs cover the group
+    const int ga = g * KQ, w_lo = ga / U, w_hi = (ga + KQ - 1) / U;   // the warps whose runs cover the group
     const int ln = it & 31, inb = it >> 5, i = inb / NB, nb = inb - NB * i;
     if (w_lo == w_hi || TW * g + i >= nblk) continue;               // stored by that warp; a missing block
     const float4* p = reinterpret_cast<const float4*>(partials) + inb * 32 + ln;
@@ -117,8 +120,8 @@ __device__ __noinline__ void awq_gemv_shared_groups(const float* __restrict__ pa
 }
 
 // THR, STG: the launch bound and the register stages, by default from awq_gemv::Bounds.
-template <typename T, int NB, int TW, bool GA, int THR = awq_gemv::Bounds<NB, TW, GA>::threads,
-          int STG = awq_gemv::Bounds<NB, TW, GA>::stages>
+template <typename T, int NB, int TW, bool GA, int KD = 1, int THR = awq_gemv::Bounds<NB, TW * KD, GA>::threads,
+          int STG = awq_gemv::Bounds<NB, TW * KD, GA>::stages>
 __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
     const T* __restrict__ x,          // [M, K] activations
     const uint4* __restrict__ qtiles, // [NT16][KS][32] weight blocks
@@ -129,8 +132,10 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
     int M, int N, int K,              // problem size (M <= 8 NB)
     int NT16, int KS,                 // 16-column blocks, 64-k blocks per column block
     int G, int NG, int Np,            // group size, number of groups, padded N
-    u64 fd_grid, u64 fd_w, u64 fd_ks, u64 fd_g) {   // fast dividers (fastdiv) by gridDim.x, W, KS and G
-  constexpr int SZ = GA ? 1 : 2;      // scale groups per unit
+    u64 fd_grid, u64 fd_w, u64 fd_kq, u64 fd_g) {   // fast dividers (fastdiv) by gridDim.x, W, KQ and G
+  constexpr int SZ = GA ? 1 : 2;      // scale groups per 64-k block
+  static_assert(KD == 1 || (KD == 2 && GA), "two 64-k blocks per unit need groups of whole blocks");
+  const int KQ = KD == 1 ? KS : (KS + KD - 1) / KD;   // units per column group
   extern __shared__ __align__(16) unsigned char smem[];
 
   AWQ_TRACE(0);
@@ -147,7 +152,7 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
   const int b0 = (int)AWQ_GEMV_DIV(blockIdx.x * NT16, gridDim.x, fd_grid);
   const int nblk = (int)AWQ_GEMV_DIV((blockIdx.x + 1) * NT16, gridDim.x, fd_grid) - b0;
   if (nblk >= 0) AWQ_TRACE(7);
-  const int units = (nblk + TW - 1) / TW * KS;
+  const int units = (nblk + TW - 1) / TW * KQ;
   const int U = (int)AWQ_GEMV_DIV(units + W - 1, W, fd_w);
   const int u0 = min(units, warp * U), u1 = min(units, u0 + U);
   const int run = u1 - u0;
@@ -158,7 +163,7 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
   float* partials = reinterpret_cast<float*>(smem);
 
   // ---- load cursor: the next unit to load, as running values (no divisions in the loop) -----------------
-  int l_cg = (int)AWQ_GEMV_DIV(u0, KS, fd_ks), l_ks = u0 - KS * l_cg;   // column group (relative), 64-k block
+  int l_cg = (int)AWQ_GEMV_DIV(u0, KQ, fd_kq), l_ks = KD * (u0 - KQ * l_cg);   // column group (relative), 64-k block
   int l_nv = min(TW, nblk - TW * l_cg);                   // valid blocks in the column group
   const int grp = (int)AWQ_GEMV_DIV(64 * l_ks, G, fd_g);  // the unit's scale group
   int l_gk = NG == 1 ? 64 * l_ks : 64 * l_ks - G * grp;  // k offset of the unit inside its group
@@ -181,55 +186,80 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
     xrow[nb] = x + (long long)(xtok[nb] ? tok : 0) * K + 8 * t4;
   }
 
-  struct Stage {
-    uint4 w[TW];
-    u32 xb[NB][8];          // (b0, b1) of the unit's 4 k16 steps: words 2t, 2t + 1 of step t
-    u32 s[SZ][TW], z[SZ][TW];
+  struct Stage {             // per 64-k block d of the unit:
+    uint4 w[KD][TW];
+    u32 xb[NB][KD][8];      // (b0, b1) of the block's 4 k16 steps: words 2t, 2t + 1 of step t
+    u32 s[KD][SZ][TW], z[KD][SZ][TW];
   };
   auto load_x = [&](Stage& st, int k0) {   // the x^T fragments of the unit starting at k0
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int k = k0 + 32 * h;                          // + 8 t4 inside xrow; K % 8 == 0
-        const uint4 v = (xtok[nb] && k + 8 * t4 < K) ? ld_act16(xrow[nb] + k)
-                                                     : make_uint4(0u, 0u, 0u, 0u);
-        st.xb[nb][4 * h] = v.x;
-        st.xb[nb][4 * h + 1] = v.y;
-        st.xb[nb][4 * h + 2] = v.z;
-        st.xb[nb][4 * h + 3] = v.w;
-      }
+      for (int d = 0; d < KD; ++d)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int k = k0 + 64 * d + 32 * h;                 // + 8 t4 inside xrow; K % 8 == 0
+          const uint4 v = (xtok[nb] && k + 8 * t4 < K) ? ld_act16(xrow[nb] + k)
+                                                       : make_uint4(0u, 0u, 0u, 0u);
+          st.xb[nb][d][4 * h] = v.x;
+          st.xb[nb][d][4 * h + 1] = v.y;
+          st.xb[nb][d][4 * h + 2] = v.z;
+          st.xb[nb][d][4 * h + 3] = v.w;
+        }
   };
   // The next unit's weights, scales, zeros (and x unless with_x is false), then advance the cursor.
   auto load = [&](Stage& st, bool with_x) {
 #pragma unroll
-    for (int i = 0; i < TW; ++i)
-      st.w[i] = i < l_nv ? __ldcs(l_w + i * blk_words) : make_uint4(0u, 0u, 0u, 0u);
+    for (int d = 0; d < KD; ++d) {
+      const bool real = d == 0 || l_ks + d < KS;            // a unit's second block past KS: zeros, never read
+#pragma unroll
+      for (int i = 0; i < TW; ++i)
+        st.w[d][i] = i < l_nv && real ? __ldcs(l_w + i * blk_words + 32 * d) : make_uint4(0u, 0u, 0u, 0u);
+    }
     const int k0 = 64 * l_ks;
     if (with_x) load_x(st, k0);
 #pragma unroll
-    for (int h = 0; h < SZ; ++h) {
-      // the unit's second 32 k may start the next group (GA false); past K any group would do, keep this one
-      const int next = (!GA && h == 1 && l_gk + 32 >= G && k0 + 32 < K) ? np2 : 0;
+    for (int d = 0; d < KD; ++d) {
+      const bool real = d == 0 || l_ks + d < KS;
+      // KD = 2 (whole-block groups): the second block starts the next group when the first ends one
+      const int nextd = (d == 1 && NG != 1 && l_gk + 64 >= G) ? np2 : 0;
 #pragma unroll
-      for (int i = 0; i < TW; ++i) {
-        st.s[h][i] = i < l_nv ? __ldg(l_s + next + 8 * i) : 0u;
-        st.z[h][i] = i < l_nv ? __ldg(l_z + next + 8 * i) : 0u;
+      for (int h = 0; h < SZ; ++h) {
+        // the block's second 32 k may start the next group (GA false); past K any group would do, keep this one
+        const int next = nextd + ((!GA && h == 1 && l_gk + 32 >= G && k0 + 32 < K) ? np2 : 0);
+#pragma unroll
+        for (int i = 0; i < TW; ++i) {
+          st.s[d][h][i] = i < l_nv && real ? __ldg(l_s + next + 8 * i) : 0u;
+          st.z[d][h][i] = i < l_nv && real ? __ldg(l_z + next + 8 * i) : 0u;
+        }
       }
     }
     // advance to the next unit
-    l_w += 32;
-    l_gk += 64;
+    l_w += 32 * KD;
+    l_gk += 64 * KD;
     if (l_gk >= G) { l_gk -= G; l_s += np2; l_z += np2; }
-    if (!GA && l_gk >= G) { l_gk -= G; l_s += np2; l_z += np2; }
-    if (++l_ks == KS) {                                   // next column group
-      l_ks = 0;
-      ++l_cg;
-      l_nv = min(TW, nblk - TW * l_cg);
-      l_gk = 0;
-      l_w += (TW - 1) * blk_words;
-      l_s = scales + 8 * (b0 + TW * l_cg) + g8;
-      l_z = zeros + 8 * (b0 + TW * l_cg) + g8;
+    if ((!GA || KD == 2) && l_gk >= G) { l_gk -= G; l_s += np2; l_z += np2; }
+    if constexpr (KD == 1) {
+      if (++l_ks == KS) {                                 // next column group
+        l_ks = 0;
+        ++l_cg;
+        l_nv = min(TW, nblk - TW * l_cg);
+        l_gk = 0;
+        l_w += (TW - 1) * blk_words;
+        l_s = scales + 8 * (b0 + TW * l_cg) + g8;
+        l_z = zeros + 8 * (b0 + TW * l_cg) + g8;
+      }
+    } else {
+      l_ks += KD;
+      if (l_ks >= KS) {                                   // next column group (past KS by l_ks - KS blocks)
+        l_w += (TW - 1) * blk_words - 32 * (l_ks - KS);
+        l_ks = 0;
+        ++l_cg;
+        l_nv = min(TW, nblk - TW * l_cg);
+        l_gk = 0;
+        l_s = scales + 8 * (b0 + TW * l_cg) + g8;
+        l_z = zeros + 8 * (b0 + TW * l_cg) + g8;
+      }
     }
   };
 
@@ -277,11 +307,11 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
 
   // Decode + multiply one unit, then the group / segment bookkeeping.
   auto compute = [&](const Stage& st, int it) {
-    const bool seg_end = c_ks + 1 == KS || it + 1 == run;
-    auto flush = [&](int h) {   // acc += s * accg per channel; accg = 0
+    const bool seg_end = (KD == 1 ? c_ks + 1 == KS : c_ks + KD >= KS) || it + 1 == run;
+    auto flush = [&](int d, int h) {   // acc += s * accg per channel; accg = 0
 #pragma unroll
       for (int i = 0; i < TW; ++i) {
-        const T* sp = reinterpret_cast<const T*>(&st.s[h][i]);
+        const T* sp = reinterpret_cast<const T*>(&st.s[d][h][i]);
         const float slo = Traits<T>::to_float(sp[0]), shi = Traits<T>::to_float(sp[1]);
 #pragma unroll
         for (int nb = 0; nb < NB; ++nb)
@@ -293,30 +323,42 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
       }
     };
 #pragma unroll
-    for (int h = 0; h < SZ; ++h) {
-      WeightDecoder<T> dec[TW];
+    for (int d = 0; d < KD; ++d) {
 #pragma unroll
-      for (int i = 0; i < TW; ++i) dec[i].set_zeros(st.z[h][i]);
+      for (int h = 0; h < SZ; ++h) {
+        WeightDecoder<T> dec[TW];
 #pragma unroll
-      for (int tt = 0; tt < 4 / SZ; ++tt) {
-        const int t = h * (4 / SZ) + tt;           // k16 step of the unit
+        for (int i = 0; i < TW; ++i) dec[i].set_zeros(st.z[d][h][i]);
 #pragma unroll
-        for (int i = 0; i < TW; ++i) {
-          u32 a[4];
-          dec[i].a_fragment(t == 0 ? st.w[i].x : t == 1 ? st.w[i].y : t == 2 ? st.w[i].z : st.w[i].w, a);
+        for (int tt = 0; tt < 4 / SZ; ++tt) {
+          const int t = h * (4 / SZ) + tt;           // k16 step of the block
 #pragma unroll
-          for (int nb = 0; nb < NB; ++nb) mma_16816<T>(accg[i][nb], a, st.xb[nb][2 * t], st.xb[nb][2 * t + 1]);
+          for (int i = 0; i < TW; ++i) {
+            u32 a[4];
+            const uint4& w = st.w[d][i];
+            dec[i].a_fragment(t == 0 ? w.x : t == 1 ? w.y : t == 2 ? w.z : w.w, a);
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb)
+              mma_16816<T>(accg[i][nb], a, st.xb[nb][d][2 * t], st.xb[nb][d][2 * t + 1]);
+          }
         }
+        if (!GA) flush(d, h);                        // two groups per block: each half is its own group
       }
-      if (!GA) flush(h);                           // two groups per unit: each half is its own group
-    }
-    if (GA) {
-      if (--g_left == 0 || seg_end) flush(0);
-      if (g_left == 0) g_left = upg;
+      if constexpr (KD == 1) {
+        if (GA) {
+          if (--g_left == 0 || seg_end) flush(0, 0);
+          if (g_left == 0) g_left = upg;
+        }
+      } else if (d == 0 || c_ks + d < KS) {          // a block past KS (zero weights and x) has no group
+        const bool last = d == KD - 1 || c_ks + d + 1 >= KS;   // the unit's last block
+        if (--g_left == 0 || (seg_end && last)) flush(d, 0);
+        if (g_left == 0) g_left = upg;
+      }
     }
     // Segment (one column group inside this run) ends at the group's last unit or at the run's end.
     if (seg_end) {
-      ++c_ks;
+      c_ks += KD;
+      if (KD > 1 && c_ks > KS) c_ks = KS;
       if (seg_whole_start && c_ks == KS) store(c_cg, acc);
       else to_partials(seg_first ? 2 * warp : 2 * warp + 1);
 #pragma unroll
@@ -329,7 +371,7 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
       seg_whole_start = true;
       if (c_ks == KS) { c_ks = 0; ++c_cg; }
     } else {
-      ++c_ks;
+      c_ks += KD;
     }
   };
 
@@ -371,14 +413,14 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
   // block (slower), the (2, 3) variant without aligned groups (at its register bound) and the other archs keep
   // the sum by the group's first warp.
   if (NB == 2 && (TW != 3 || GA) && AWQ_CUPY_CC >= 900 && nblk <= TW) {
-    awq_gemv_shared_groups<T, NB, TW>(partials, bias, y, M, N, KS, b0, nblk, U);
+    awq_gemv_shared_groups<T, NB, TW>(partials, bias, y, M, N, KQ, b0, nblk, U);
   } else {
     // Shared column groups: the warp in which a group starts sums the partials of its contributors in warp
     // order. Only the run's last group can start here and continue past the run's end.
     if (run > 0) {
-      const int tl = (int)AWQ_GEMV_DIV(u1 - 1, KS, fd_ks);
-      if (tl * KS >= u0 && (tl + 1) * KS > u1) {
-        const int w_hi = ((tl + 1) * KS - 1) / U;
+      const int tl = (int)AWQ_GEMV_DIV(u1 - 1, KQ, fd_kq);
+      if (tl * KQ >= u0 && (tl + 1) * KQ > u1) {
+        const int w_hi = ((tl + 1) * KQ - 1) / U;
         float v[TW][NB][4];
 #pragma unroll
         for (int i = 0; i < TW; ++i)
@@ -387,7 +429,7 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
 #pragma unroll
             for (int e = 0; e < 4; ++e) v[i][nb][e] = 0.f;
         for (int w2 = warp; w2 <= w_hi; ++w2) {
-          const float4* p = partial_ptr(w2 == warp ? (tl * KS == u0 ? 2 * warp : 2 * warp + 1) : 2 * w2);
+          const float4* p = partial_ptr(w2 == warp ? (tl * KQ == u0 ? 2 * warp : 2 * warp + 1) : 2 * w2);
 #pragma unroll
           for (int i = 0; i < TW; ++i)
 #pragma unroll

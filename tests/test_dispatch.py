@@ -14,34 +14,37 @@ def _fd(n, d):
     return (n * (f & 0xFFFFFFFF)) >> (f >> 32)
 
 
-def _simulate_gemv_split(NT16, KS, grid, W, TW):
-    """Python model of kernels_cu/gemv_tc.cu's work split: returns {16-column block: [64-k units summed, in
-    order]} from the direct stores and the partial-sum reduction, following the kernel's own index arithmetic."""
+def _simulate_gemv_split(NT16, KS, grid, W, TW, KD=1):
+    """Python model of kernels_cu/gemv_tc.cu's work split: returns {16-column block: [64-k blocks summed, in
+    order]} from the direct stores and the partial-sum reduction, following the kernel's own index arithmetic
+    (units of KD 64-k blocks, KQ = ceil(KS / KD) per column group; a unit's blocks past KS hold nothing)."""
     out = {}
 
     def put(b0, nblk, cg, seg):
         for i in range(TW):
             if TW * cg + i < nblk:
                 assert b0 + TW * cg + i not in out, "a block stored twice"
-                out[b0 + TW * cg + i] = [u % KS for u in seg]
+                out[b0 + TW * cg + i] = list(seg)
+
+    KQ = -(-KS // KD)
 
     for b in range(grid):
         b0 = _fd(b * NT16, grid)
         nblk = _fd((b + 1) * NT16, grid) - b0
-        units = -(-nblk // TW) * KS
+        units = -(-nblk // TW) * KQ
         U = _fd(units + W - 1, W) if units else 1
         slots, runs = {}, []
         for w in range(W):
             u0 = min(units, w * U)
             u1 = min(units, u0 + U)
             runs.append((u0, u1))
-            c_cg = _fd(u0, KS)
-            c_ks = u0 - KS * c_cg
+            c_cg = _fd(u0, KQ)
+            c_ks = KD * (u0 - KQ * c_cg)
             seg_first, whole_start, seg = True, c_ks == 0, []
             for it in range(u1 - u0):
-                seg.append(c_cg * KS + c_ks)
-                c_ks += 1
-                if c_ks == KS or it + 1 == u1 - u0:
+                seg += [c_ks + d for d in range(KD) if c_ks + d < KS]
+                if c_ks + KD >= KS or it + 1 == u1 - u0:
+                    c_ks = min(KS, c_ks + KD)
                     if whole_start and c_ks == KS:
                         put(b0, nblk, c_cg, seg)
                     else:
@@ -51,13 +54,15 @@ def _simulate_gemv_split(NT16, KS, grid, W, TW):
                     seg, seg_first, whole_start = [], False, True
                     if c_ks == KS:
                         c_ks, c_cg = 0, c_cg + 1
+                else:
+                    c_ks += KD
         for w, (u0, u1) in enumerate(runs):
             if u1 == u0:
                 continue
-            tl = _fd(u1 - 1, KS)
-            if tl * KS >= u0 and (tl + 1) * KS > u1:
-                w_hi = ((tl + 1) * KS - 1) // U
-                first = 2 * w if tl * KS == u0 else 2 * w + 1
+            tl = _fd(u1 - 1, KQ)
+            if tl * KQ >= u0 and (tl + 1) * KQ > u1:
+                w_hi = ((tl + 1) * KQ - 1) // U
+                first = 2 * w if tl * KQ == u0 else 2 * w + 1
                 summed = []
                 for w2 in range(w, w_hi + 1):
                     cg, seg = slots.pop(first if w2 == w else 2 * w2)
@@ -101,10 +106,10 @@ def test_gemv_dividers_check_the_index_range():
 @pytest.mark.parametrize("NT16,KS", [(448, 64), (64, 64), (96, 64), (256, 224), (4, 1), (16, 64), (12, 3),
                                      (4, 100), (12, 5), (200, 1), (1792, 64), (36, 7), (260, 6)])
 @pytest.mark.parametrize("W", [16, 12, 4])
-@pytest.mark.parametrize("TW", [1, 2, 4])
-def test_gemv_split_sums_every_unit_once(NT16, KS, W, TW):
+@pytest.mark.parametrize("TW,KD", [(1, 1), (2, 1), (4, 1), (2, 2)])
+def test_gemv_split_sums_every_unit_once(NT16, KS, W, TW, KD):
     grid = max(1, min(NT16, 132))
-    out = _simulate_gemv_split(NT16, KS, grid, W, TW)
+    out = _simulate_gemv_split(NT16, KS, grid, W, TW, KD)
     assert sorted(out) == list(range(NT16)), "every 16-column block is written exactly once"
     for t, seg in out.items():
         assert seg == list(range(KS)), f"block {t}: each 64-k unit once, in k order"
@@ -123,6 +128,35 @@ def test_gemv_plan_fits_the_arch(M, arch):
             assert 1 <= p["warps"] <= kernels.gemv_max_warps(nb, tiles, a, p["aligned"])
             assert p["grid"] <= 132 and p["grid"] <= p["NT16"] and p["NT16"] * 16 >= N
             assert p["aligned"] == (G % 64 == 0 or K // G == 1)
+
+
+def test_gemv_two_k_blocks_per_unit_where_the_h200_measured_them_faster():
+    """The pair variant with two 64-k blocks per unit (bench/results/h200_gemv_kd2_v29.txt): chosen for fp16 where
+    it measured faster (Mistral-7B o and down at every M, gate_up up to 8 tokens, Llama-2-70B qkv up to 8), not
+    where fours or threes were faster, never for bf16 (not measured) nor for groups that split a 64-k block."""
+    from awq_cupy.bench import MODELS
+
+    kd2 = {("mistral-7b", 1): {"o", "down", "gate_up"}, ("mistral-7b", 16): {"o", "down"},
+           ("llama-2-70b", 1): {"qkv"}, ("llama-2-70b", 16): set()}
+    for (model, M), want in kd2.items():
+        for m in (M, 8) if M == 1 else (M, 9):
+            got = {name for name, K, N in MODELS[model] if plan_gemv(m, K, N, 128)["kdepth"] == 2}
+            assert got == want, (model, m, got)
+            assert not any(plan_gemv(m, K, N, 128, dtype="bfloat16")["kdepth"] == 2 for _, K, N in MODELS[model])
+    for name, K, N in MODELS["mistral-7b"]:
+        p = plan_gemv(1, K, N, 128)
+        assert p["tiles"] == (3 if name == "qkv" else 2), name
+        assert plan_gemv(1, K, N, 32)["kdepth"] == 1           # two groups per 64-k block
+        assert plan_gemv(1, K, N, 128, tiles=2)["kdepth"] == 1  # explicit tiles: the plain variant
+    assert plan_gemv(1, 64, 64, 64)["tiles"] == 1               # one block per CTA
+    with pytest.raises(ValueError, match="kdepth"):
+        plan_gemv(1, 4096, 4096, 128, tiles=3, kdepth=2)
+    with pytest.raises(ValueError, match="kdepth"):
+        plan_gemv(1, 4096, 4096, 32, tiles=2, kdepth=2)
+    with pytest.raises(ValueError, match="kdepth"):
+        plan_gemv(1, 4096, 4096, 128, tiles=2, kdepth=3)
+    assert plan_gemv(1, 4096, 4096, 4096, tiles=2, kdepth=2)["kdepth"] == 2   # one group of K
+    assert plan_gemv(16, 4096, 4096, 128, tiles=2, kdepth=2)["warps"] == 8
 
 
 def test_gemv_plan_rejects_bad_m():
@@ -696,7 +730,8 @@ def test_gemv_args_follow_the_kernel_signature():
     assert args[:6] == ("x", "q", "s", "z", "b", "y")
     assert all(isinstance(a, np.int32) for a in args[6:14]) and all(isinstance(a, np.uint64) for a in args[14:])
     assert [int(a) for a in args[6:14]] == [3, 4096, 14336, p["NT16"], 224, 128, 112, 64 * 64]
-    assert args[14:] == gemv_dividers(p["grid"], p["NT16"], p["warps"], 224, 128)
+    assert args[14:] == gemv_dividers(p["grid"], p["NT16"], p["warps"], 224, 128, p["kdepth"])
+    assert p["kdepth"] == 2 and int(args[16]) == int(fastdiv(112))   # by units per column group: 224 blocks / 2
 
 
 def test_x_tile_chunks_counts_the_tiles_and_refuses_what_32_bit_indices_cannot_hold():

@@ -253,6 +253,31 @@ def test_gemv_variants_against_reference(rng, tiles, K, N, G, kind):
                             what=f"GEMV tiles={tiles} {K}x{N} G={G} M={M} {kind}")
 
 
+@pytest.mark.parametrize("K,N,G", [(4096, 1024, 128), (1000, 200, -1), (1088, 4160, 64), (1152, 520, 192),
+                                   (64, 28672, 64), (14336, 64, 128), (8, 8, -1), (2048, 16 * 137, 128)])
+@pytest.mark.parametrize("kind", ["float16", "bfloat16"])
+def test_gemv_two_k_blocks_per_unit_against_reference(rng, K, N, G, kind):
+    """The pair variants with two 64-k blocks per unit (kdepth 2): an odd number of k blocks (K = 1088, 1000, 8, 64:
+    the last unit's second block lies past K), groups of one, two and three blocks (G = 64, 128, 192: a unit's
+    second block may start a new group), one group (G = K), column groups short and long, warp counts down to one
+    and several CTAs per column block."""
+    from awq_cupy import ops
+    from awq_cupy.kernels import GEMV_KD2_SHAPES
+
+    Q, Z, S, G = random_layer(rng, K, N, G)
+    w = _weight(Q, Z, S, G, kind)
+    W64 = kernel_weight(Q, Z, S, G, kind, rounded=False)
+    bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
+    for nb, tiles in GEMV_KD2_SHAPES:
+        for M in (8 * nb - 7, 8 * nb):
+            x = random_x(rng, M, K, kind)
+            most = ops.plan_gemv(M, K, N, G, tiles=tiles, kdepth=2, sm_count=ops._sm_count(0))["warps"]
+            for warps in sorted({most, 5, 1}):
+                y = _gemv(x, w, tiles, bias, warps=warps, kdepth=2)
+                assert_matmul_close(y, x, W64, kind, bias=bias,
+                                    what=f"GEMV kdepth 2 tiles={tiles} {K}x{N} G={G} M={M} warps={warps} {kind}")
+
+
 def test_gemv_every_warp_count(rng):
     K, N, G = 2048, 4160, 128
     Q, Z, S, G = random_layer(rng, K, N, G)
