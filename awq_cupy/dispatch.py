@@ -28,23 +28,21 @@ GEMV_LIMIT = 16      # the GEMV kernel's largest M (two token blocks of 8)
 
 # The GEMV's blocks per warp unit (ops.gemv_tiles_for) come from a time per 16-column block slot of its 2-, 3- and
 # 4-block variants, per activation dtype and token blocks (1: M <= 8, 2: M = 9..16), relative to the 4-block one.
-# H200: `tune.fit_gemv_slot` over bench/results/h200_gemv_sweep_v24.txt (fp16, the Mistral-7B and Llama-2-70B layers:
-# 2, 3, 4, 5, 14 and 28 blocks per CTA, M = 1 and 16) and h200_gemv_sweep_v24_bf16.txt (bf16, Mistral-7B); each
-# picks the measured fastest variant on every layer (bench/NOTES.md v24). A row without its own ``gemv_slot`` uses
-# these; `python -m awq_cupy tune` fits the GPU's own.
+# H200: `tune.fit_gemv_slot` over bench/results/h200_gemv_sweep_v29.txt (fp16: the Mistral-7B and Llama-2-70B layers,
+# 2, 3, 4, 5, 14 and 28 blocks per CTA; bf16: Mistral-7B; M = 1 and 16); each picks the measured fastest variant on
+# every layer but one bf16 tie (bench/NOTES.md v29; v24's fit had threes slower than fours at M = 1). A row without
+# its own ``gemv_slot`` uses these; `python -m awq_cupy tune` fits the GPU's own.
 GEMV_SLOT_TILES = (2, 3, 4)
-H200_GEMV_SLOT = {"float16": {1: {4: 1.0, 3: 1.17, 2: 1.16}, 2: {4: 1.0, 3: 1.05, 2: 1.23}},
-                  "bfloat16": {1: {4: 1.0, 3: 1.21, 2: 1.25}, 2: {4: 1.0, 3: 1.34, 2: 1.3}}}
+H200_GEMV_SLOT = {"float16": {1: {4: 1.0, 3: 1.0, 2: 1.18}, 2: {4: 1.0, 3: 1.05, 2: 1.28}},
+                  "bfloat16": {1: {4: 1.0, 3: 1.04, 2: 1.24}, 2: {4: 1.0, 3: 1.34, 2: 1.34}}}
 
 # The pair variants with two 64-k blocks per unit (kdepth 2; groups of whole 64-k blocks): their time per block slot
-# on the same scale, per dtype and token blocks; where a dtype has none they are not used. H200, fp16: fitted by hand
-# to bench/results/h200_gemv_kd2_v29.txt (bench/NOTES.md v29), between the choices it must reproduce: at 1 token
-# block faster than pairs (Mistral-7B o and down at M = 8: 5.66 / 12.60 -> 5.53 / 12.28 us) and than fours with 14
-# blocks per CTA (gate_up M = 1: 20.42 -> 20.03), slower than fours with 28 or 4 (Llama-2-70B gate_up 67.2 -> 70.6,
-# o 12.4 -> 12.9) and than threes with 3 (qkv 6.0 -> 7.6); at 2 token blocks faster than pairs (o M = 16 6.94 ->
-# 6.47, down 16.64 -> 16.33), slower than threes with 3, 5 and 14 (qkv; Llama-2-70B qkv; gate_up 25.9 -> 26.9) and
-# fours with 4. Not fitted by `python -m awq_cupy tune`.
-H200_GEMV_KD2_SLOT = {"float16": {1: 1.12, 2: 1.18}}
+# on the same scale, per dtype and token blocks; where there is none they are not used. H200: chosen by hand inside
+# the range in which they pick the measured fastest variant of h200_gemv_sweep_v29.txt together with the slot times
+# above (fp16 1.08 to 1.18 at one token block, where they tie with pairs at M = 1 and win at M = 8 (o 5.59 -> 5.51,
+# down 12.60 -> 12.26 us, h200_gemv_ab_kd2_plan_v29.txt); 1.13 to 1.27 at two; bf16 1.15 to 1.33 at two, none
+# below 1.24 = pairs at one). They run Mistral-7B's o and down at every M <= 16. Not fitted by `tune`.
+H200_GEMV_KD2_SLOT = {"float16": {1: 1.12, 2: 1.18}, "bfloat16": {2: 1.24}}
 
 
 def default_gemv_slot(dtype: str, token_blocks: int) -> dict[int, float]:

@@ -2,8 +2,8 @@
 CTA) on model layers, timed like
 `python -m awq_cupy bench` (queue preloaded, weights rotated). Usage:
     python3 bench/gemv_sweep.py [M,...] [model] [dtype]   (default 1,8, mistral-7b and float16)
-For M > 8 the fused GEMM's planned launch is timed too (the dispatch crossover). Prints the eight best plans per
-(layer, M) and the sums of the best GEMV plan and of the GEMM.
+For M > 8 the fused GEMM's planned launch is timed too (the dispatch crossover). Prints every plan per (layer, M),
+fastest first, and the sums of the best GEMV plan and of the GEMM.
 """
 import sys
 
@@ -50,7 +50,7 @@ for name, K, N in MODELS[sys.argv[2] if len(sys.argv) > 2 else "mistral-7b"]:
             sums.setdefault((M, "gemm"), {})[name] = us
             res.append((us, "gemm", 0))
         res.sort(key=lambda r: r[0])
-        print(f"{name:8s} M={M:2d} " + "  ".join(f"tw{tw}/w{wp}:{us:.1f}" for us, tw, wp in res[:8]), flush=True)
+        print(f"{name:8s} M={M:2d} " + "  ".join(f"tw{tw}/w{wp}:{us:.1f}" for us, tw, wp in res), flush=True)
     del wq
     cp.get_default_memory_pool().free_all_blocks()
 for (M, path), per in sorted(sums.items(), key=lambda kv: (kv[0][0], kv[0][1])):
