@@ -35,7 +35,7 @@ CONTENDERS = ("awq_cupy", "cublas_fp16", "dequant_cublas")
 # its default plan, or 1, 2, 3 or 4 16-column blocks per warp unit (M <= 16), the fused
 # tensor-core GEMM as dispatched, and its mma.sync (gemm_sw) and wgmma (gemm_wg, compute capability 9.0 only)
 # kernels whatever the table says.
-PATHS = ("gemv", "gemv1", "gemv2", "gemv3", "gemv4", "gemm", "gemm_sw", "gemm_wg")
+PATHS = ("gemv", "gemv1", "gemv2", "gemv3", "gemv4", "gemv2x2", "gemm", "gemm_sw", "gemm_wg")
 
 
 @dataclass
@@ -185,6 +185,7 @@ def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, co
                 "gemv": lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, dtype, sms),
                 **{f"gemv{t}": (lambda t: lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, dtype, sms,
                                                                      tiles=t))(t) for t in (1, 2, 3, 4)},
+                "gemv2x2": lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, dtype, sms, tiles=2, kdepth=2),
                 "gemm": lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, dtype, arch, sms, False),
                 "gemm_sw": lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, dtype, arch, sms, False,
                                                       wgmma=False),
@@ -199,6 +200,8 @@ def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, co
                     continue
                 if c == "gemm_wg" and not ops.has_wgmma(arch):
                     continue
+                if c == "gemv2x2" and not (wq[0].group_size % 64 == 0 or wq[0].NG == 1):
+                    continue   # two 64-k blocks per unit need groups of whole blocks
                 y.fill(np.nan)
                 calls[c](0)
                 err = check(y)

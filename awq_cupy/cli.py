@@ -96,7 +96,8 @@ def main(argv=None) -> int:
     b.add_argument("--trials", type=int, default=5)
     b.add_argument("--rotate-mb", type=int, default=512, help="MB of weight copies rotated per contender")
     b.add_argument("--contenders", nargs="+", choices=CONTENDERS + PATHS, default=list(CONTENDERS),
-                   help="what to time (default: %(default)s); gemv1..gemv4, gemm force one awq_cupy path")
+                   help="what to time (default: %(default)s); gemv1..gemv4, gemv2x2 (pairs of two 64-k blocks), gemm "
+                        "force one awq_cupy path")
     b.add_argument("--quick", action="store_true", help="Mistral-7B, M in 1,16,64,256,1024, 3 trials (~1 minute)")
     b.add_argument("--json", default="bench_results.json", help="where to write the JSON results")
     b.add_argument("--plot", default="bench_results.png", help="where to write the PNG plot (needs matplotlib)")

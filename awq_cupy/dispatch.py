@@ -9,7 +9,8 @@ smallest M at which the fused GEMM is that kernel rather than the mma.sync one (
 never. ``batch_invariant`` matmul runs one GEMM kernel for every M: the wgmma one unless this is None.
 ``gemv_slot``: the GEMV's relative time per 16-column block slot of its 2-, 3- and 4-block variants, per dtype and
 token blocks, from which ``ops.gemv_tiles_for`` picks the variant per layer shape; None: the H200's
-(``H200_GEMV_SLOT``).
+(``H200_GEMV_SLOT``). ``gemv_kd2_slot``: the same for its pairs with two 64-k blocks per unit, from which
+``ops.gemv_kdepth_for`` decides whether they replace that pick; None: the H200's (``H200_GEMV_KD2_SLOT``).
 
 The built-in rows below were measured with ``python -m awq_cupy bench`` (bench/NOTES.md). ``python -m awq_cupy
 tune`` measures them on the GPU at hand and writes a JSON table; ``for_arch`` reads that file when it exists:
@@ -37,12 +38,11 @@ H200_GEMV_SLOT = {"float16": {1: {4: 1.0, 3: 1.0, 2: 1.18}, 2: {4: 1.0, 3: 1.05,
                   "bfloat16": {1: {4: 1.0, 3: 1.04, 2: 1.24}, 2: {4: 1.0, 3: 1.34, 2: 1.34}}}
 
 # The pair variants with two 64-k blocks per unit (kdepth 2; groups of whole 64-k blocks): their time per block slot
-# on the same scale, per dtype and token blocks; where there is none they are not used. H200: chosen by hand inside
-# the range in which they pick the measured fastest variant of h200_gemv_sweep_v29.txt together with the slot times
-# above (fp16 1.08 to 1.18 at one token block, where they tie with pairs at M = 1 and win at M = 8 (o 5.59 -> 5.51,
-# down 12.60 -> 12.26 us, h200_gemv_ab_kd2_plan_v29.txt); 1.13 to 1.27 at two; bf16 1.15 to 1.33 at two, none
-# below 1.24 = pairs at one). They run Mistral-7B's o and down at every M <= 16. Not fitted by `tune`.
-H200_GEMV_KD2_SLOT = {"float16": {1: 1.12, 2: 1.18}, "bfloat16": {2: 1.24}}
+# on the same scale, per dtype and token blocks (``ops.gemv_kdepth_for`` takes them where they cost less than the
+# tiles' choice). H200: `tune.fit_gemv_kd2` over the same sweep with the slot times above. fp16: they run Mistral-7B's
+# o and down at every M <= 16 (a tie with pairs at M = 1, faster at 8 and 16: o 5.59 -> 5.51, down 12.60 -> 12.26 us
+# at M = 8, h200_gemv_ab_kd2_plan_v29.txt); bf16: the same from 9 tokens, never below (1.26 > pairs' 1.24).
+H200_GEMV_KD2_SLOT = {"float16": {1: 1.16, 2: 1.2}, "bfloat16": {1: 1.26, 2: 1.29}}
 
 
 def default_gemv_slot(dtype: str, token_blocks: int) -> dict[int, float]:
@@ -76,6 +76,29 @@ def _gemv_slot(v) -> dict:
     return out
 
 
+def _gemv_kd2_slot(v) -> dict:
+    """``gemv_kd2_slot`` with integer keys, checked: {dtype: {token blocks: time}}."""
+    if not isinstance(v, dict) or not v:
+        raise ValueError(f"dispatch gemv_kd2_slot={v!r} must be a non-empty {{dtype: {{token blocks: time}}}}")
+    out = {}
+    for dt, per_nb in v.items():
+        if dt not in ("float16", "bfloat16") or not isinstance(per_nb, dict) or not per_nb:
+            raise ValueError(f"dispatch gemv_kd2_slot: {dt!r}: a dtype (float16, bfloat16) mapping token blocks "
+                             f"(1, 2) to a time")
+        out[dt] = {}
+        for nb, t in per_nb.items():
+            try:
+                nbi = int(nb)
+            except (TypeError, ValueError):
+                nbi = None
+            if nbi not in (1, 2) or not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) \
+                    or t <= 0:
+                raise ValueError(f"dispatch gemv_kd2_slot[{dt!r}]: {nb!r}: {t!r}: token blocks 1 or 2 and a "
+                                 f"positive time")
+            out[dt][nbi] = t
+    return out
+
+
 @dataclass(frozen=True)
 class Dispatch:
     gemv_max_m: int
@@ -89,10 +112,15 @@ class Dispatch:
     cublas_tflops: float | None = None
     # GEMV slot times ({dtype: {token blocks: {tiles: time}}}, see H200_GEMV_SLOT); None: the H200's.
     gemv_slot: dict | None = field(default=None, hash=False)
+    # Slot time of the GEMV pairs with two 64-k blocks per unit ({dtype: {token blocks: time}}, on gemv_slot's
+    # scale, see H200_GEMV_KD2_SLOT); None: the H200's.
+    gemv_kd2_slot: dict | None = field(default=None, hash=False)
 
     def __post_init__(self):
         if self.gemv_slot is not None:
             object.__setattr__(self, "gemv_slot", _gemv_slot(self.gemv_slot))
+        if self.gemv_kd2_slot is not None:
+            object.__setattr__(self, "gemv_kd2_slot", _gemv_kd2_slot(self.gemv_kd2_slot))
         for name in ("gemv_max_m", "cublas_min_m"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
@@ -123,6 +151,12 @@ class Dispatch:
         has them, else the H200's."""
         own = (self.gemv_slot or {}).get(dtype, {}).get(token_blocks)
         return own if own else default_gemv_slot(dtype, token_blocks)
+
+    def gemv_kd2_for(self, dtype: str, token_blocks: int) -> float | None:
+        """Slot time of the two-64-k-block pairs for ``dtype`` and ``token_blocks``: this row's where it has one,
+        else the H200's; None where neither has one (then they are not used)."""
+        own = (self.gemv_kd2_slot or {}).get(dtype, {}).get(token_blocks)
+        return own if own else H200_GEMV_KD2_SLOT.get(dtype, {}).get(token_blocks)
 
 
 TABLE: dict[str, Dispatch] = {

@@ -387,13 +387,12 @@ def gemv_tiles_by_slot(most: int, slot: dict[int, float]) -> int:
     return min(slot, key=lambda tw: (-(-most // tw) * tw * slot[tw], -tw))
 
 
-def gemv_kdepth_for(M: int, NT16: int, grid: int, tiles: int, slot: dict[int, float], dtype: str = "float16",
+def gemv_kdepth_for(M: int, NT16: int, grid: int, tiles: int, slot: dict[int, float], kd2: float | None,
                     aligned: bool = True) -> int:
     """64-k blocks per GEMV unit: 2 (the pair variant with two blocks per unit) where its padded block slots at
-    ``dispatch.H200_GEMV_KD2_SLOT``'s time cost less than those of ``tiles`` (``gemv_tiles_for``'s choice) at
-    ``slot``'s, for groups of whole 64-k blocks and a dtype with a time there; else 1."""
+    time ``kd2`` (the dispatch row's ``gemv_kd2_for``) cost less than those of ``tiles`` (``gemv_tiles_for``'s
+    choice) at ``slot``'s, for groups of whole 64-k blocks; else 1 (also when ``kd2`` is None)."""
     most = -(-NT16 // grid)
-    kd2 = dispatch.H200_GEMV_KD2_SLOT.get(dtype, {}).get(-(-M // 8))
     if kd2 is None or not aligned or tiles < 2 or tiles not in slot:
         return 1
     return 2 if -(-most // 2) * 2 * kd2 < -(-most // tiles) * tiles * slot[tiles] else 1
@@ -427,10 +426,11 @@ def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: i
     NG = max(1, K // group_size)
     aligned = group_size % 64 == 0 or NG == 1
     if tiles is None:
-        slot = dispatch.for_arch(arch.key).gemv_slot_for(dtype, nb)
+        row = dispatch.for_arch(arch.key)
+        slot = row.gemv_slot_for(dtype, nb)
         tw = gemv_tiles_for(M, NT16, grid, slot=slot)
         if kdepth is None:
-            kdepth = gemv_kdepth_for(M, NT16, grid, tw, slot, dtype, aligned)
+            kdepth = gemv_kdepth_for(M, NT16, grid, tw, slot, row.gemv_kd2_for(dtype, nb), aligned)
             tw = 2 if kdepth == 2 else tw
     else:
         tw = tiles

@@ -12,9 +12,10 @@ does); where the built-in row has a cost model that picks the path per layer sha
 row goes to ``awq_cupy.dispatch.table_path()`` (or ``--out``) under this GPU's arch key and is used
 by ``matmul`` from then on.
 
-It also times the GEMV's 2-, 3- and 4-block variants at the measured M up to 16 and fits their relative time per
-16-column block slot (``gemv_slot``, see ``fit_gemv_slot``), from which ``ops.gemv_tiles_for`` picks the variant
-for each layer shape.
+It also times the GEMV's 2-, 3- and 4-block variants and its pairs with two 64-k blocks per unit at the measured
+M up to 16 and fits their relative time per 16-column block slot (``gemv_slot``, see ``fit_gemv_slot``, and
+``gemv_kd2_slot``, see ``fit_gemv_kd2``), from which ``ops.gemv_tiles_for`` and ``ops.gemv_kdepth_for`` pick the
+variant for each layer shape.
 """
 from __future__ import annotations
 
@@ -93,6 +94,65 @@ def fit_gemv_slot(layers: list[tuple[int, dict[int, float]]], step: float = 0.01
     return best[1]
 
 
+def fit_gemv_kd2(layers: list[tuple[int, dict]], slot: dict[int, float], step: float = 0.01) -> float | None:
+    """Slot time of the pairs with two 64-k blocks per unit (key "2x2" of each layer's {tiles: us}) on ``slot``'s
+    scale, for one token-block count: on a ``step`` grid over [0.5, 2], the value whose choices under
+    ``ops.gemv_kdepth_for``'s rule (against ``gemv_tiles_for``'s pick at ``slot``) lose the least summed time
+    against each layer's fastest variant; among equals, the one nearest to the mean measured ratio (time per slot
+    against the 4-block variant's, in log terms). None when no layer has two or more blocks per CTA and all four
+    variants measured."""
+    from .ops import gemv_tiles_by_slot
+
+    keys = (2, 3, 4, "2x2")
+    used = [(b, t, min(t[k] for k in keys)) for b, t in layers
+            if b >= 2 and all(k in t and t[k] > 0 for k in keys)]
+    if not used:
+        return None
+
+    def pick(b, fk):
+        tw = gemv_tiles_by_slot(b, slot)
+        return "2x2" if -(-b // 2) * 2 * fk < -(-b // tw) * tw * slot[tw] else tw
+
+    mean = sum(math.log((t["2x2"] / (-(-b // 2) * 2)) / (t[4] / (-(-b // 4) * 4))) for b, t, _ in used) / len(used)
+    best = None
+    for i in range(int(round(1.5 / step)) + 1):
+        fk = round(0.5 + i * step, 6)
+        key = (round(sum(t[pick(b, fk)] - fastest for b, t, fastest in used), 9), abs(math.log(fk) - mean))
+        if best is None or key < best[0]:
+            best = (key, fk)
+    return best[1]
+
+
+def gemv_kd2_from_rows(rows, sm_count: int, slot: dict[int, dict[int, float]], dtype: str = "float16"
+                       ) -> dict[int, float]:
+    """{token blocks: slot time of the two-64-k-block pairs} fitted from benchmark rows of the gemv2/gemv3/gemv4
+    and gemv2x2 contenders (summed over the measured M of each token-block count, as ``gemv_slot_from_rows``),
+    against the tiles' slot times ``slot`` ({token blocks: {tiles: time}}; the H200's for ``dtype`` where it
+    lacks one)."""
+    from .dispatch import default_gemv_slot
+    from .ops import gemv_grid
+
+    names = {"gemv2": 2, "gemv3": 3, "gemv4": 4, "gemv2x2": "2x2"}
+    per: dict = {}
+    for r in rows:
+        if r.contender in names and r.M <= 16:
+            nb = 1 if r.M <= 8 else 2
+            d = per.setdefault((nb, r.model, r.layer, r.K, r.N), {})
+            d[names[r.contender]] = d.get(names[r.contender], 0.0) + r.us
+    out = {}
+    for nb in (1, 2):
+        layers = []
+        for (n, _, _, _, N), t in per.items():
+            if n == nb:
+                NT16, grid = gemv_grid(N, sm_count)
+                layers.append((-(-NT16 // grid), t))
+        own = slot.get(nb) or default_gemv_slot(dtype, nb)
+        fit = fit_gemv_kd2(layers, own)
+        if fit is not None:
+            out[nb] = fit
+    return out
+
+
 def gemv_slot_from_rows(rows, sm_count: int) -> dict[int, dict[int, float]]:
     """{token blocks: slot times} fitted from benchmark rows of the gemv2/gemv3/gemv4 contenders: each layer's
     time per variant summed over the measured M of that token-block count (1..8, 9..16)."""
@@ -137,10 +197,11 @@ def main(args) -> int:
     arch = arch_of_device(cupy.cuda.runtime.getDevice())
     paths = ["gemv"] + (["gemm_sw", "gemm_wg"] if has_wgmma(arch) else ["gemm"])
     paths += ["dequant_cublas"] if args.dtype == "float16" else []
-    tiles = ["gemv2", "gemv3", "gemv4"]
+    tiles = ["gemv2", "gemv3", "gemv4", "gemv2x2"]
     rows = run(models, ms, dtype=args.dtype, group_size=args.group_size, trials=args.trials,
                rotate_mb=args.rotate_mb, contenders=tuple(paths + tiles))
     slot = gemv_slot_from_rows(rows, _sm_count(cupy.cuda.runtime.getDevice()))
+    kd2 = gemv_kd2_from_rows(rows, _sm_count(cupy.cuda.runtime.getDevice()), slot, args.dtype)
     rows = [r for r in rows if r.contender not in tiles]
     sums: dict[int, dict[str, float]] = {}
     per_layer: dict = {}
@@ -153,6 +214,7 @@ def main(args) -> int:
     # the built-in cost model (per layer shape from cublas_min_m on) stays with the tuned thresholds
     row = dispatch.Dispatch(gemv_max_m=gemv_max, cublas_min_m=cublas_min, wgmma_min_m=wgmma_min,
                             gemv_slot={args.dtype: slot} if slot else None,
+                            gemv_kd2_slot={args.dtype: kd2} if kd2 else None,
                             **dispatch.builtin_model(arch.key, cublas_min, wgmma_min))
     env = environment()
     path = args.out or dispatch.table_path()
@@ -166,6 +228,7 @@ def main(args) -> int:
     for M in sorted(sums):
         print(f"{M:5d} " + " ".join(f"{sums[M].get(p, float('nan')):15.1f}" for p in paths))
     print(f"sm_{arch.key}: gemv_max_m={gemv_max}, cublas_min_m={cublas_min}, wgmma_min_m={wgmma_min}, "
-          f"GEMV slot times ({args.dtype}, per token blocks) {slot or 'not measured (the H200 fit stays)'} "
+          f"GEMV slot times ({args.dtype}, per token blocks) {slot or 'not measured (the H200 fit stays)'}, "
+          f"two-k-block pairs {kd2 or 'not measured (the H200 fit stays)'} "
           f"-> written to {path}")
     return 0

@@ -205,26 +205,26 @@ def test_gemv_tiles_choice():
     assert gemv_tiles_for(1, 1792, 132, slot={2: 1.0, 4: 1.2}) == 2      # a table may leave variants out
 
 
-# The H200 sweep (bench/results/h200_gemv_sweep_v29.txt, us, the fastest warp count of each variant, "k": pairs
+# The H200 sweep (bench/results/h200_gemv_sweep_v29.txt, us, the fastest warp count of each variant, "2x2": pairs
 # with two 64-k blocks per unit): (blocks per CTA, {tiles: us}) for Mistral-7B qkv, o, gate_up, down and (fp16)
 # Llama-2-70B qkv, o, gate_up, down; M = 1 (one token block) and 16 (two).
 _H200_SWEEP = {
     ("float16", 1): [
-        (3, {3: 6.0, 4: 7.1, 2: 7.2, "k": 7.5}), (2, {2: 5.2, 3: 5.5, 4: 6.8, "k": 5.2}),
-        (14, {3: 19.2, 4: 20.3, 2: 20.5, "k": 20.0}), (2, {2: 11.8, 3: 13.8, 4: 16.8, "k": 11.8}),
-        (5, {3: 15.8, 2: 17.3, 4: 19.4, "k": 17.0}), (4, {4: 12.3, 2: 13.0, 3: 15.2, "k": 12.8}),
-        (28, {4: 67.1, 3: 70.5, 2: 73.3, "k": 70.2}), (4, {4: 35.5, 2: 38.1, 3: 46.4, "k": 37.0})],
+        (3, {3: 6.0, 4: 7.1, 2: 7.2, "2x2": 7.5}), (2, {2: 5.2, 3: 5.5, 4: 6.8, "2x2": 5.2}),
+        (14, {3: 19.2, 4: 20.3, 2: 20.5, "2x2": 20.0}), (2, {2: 11.8, 3: 13.8, 4: 16.8, "2x2": 11.8}),
+        (5, {3: 15.8, 2: 17.3, 4: 19.4, "2x2": 17.0}), (4, {4: 12.3, 2: 13.0, 3: 15.2, "2x2": 12.8}),
+        (28, {4: 67.1, 3: 70.5, 2: 73.3, "2x2": 70.2}), (4, {4: 35.5, 2: 38.1, 3: 46.4, "2x2": 37.0})],
     ("float16", 2): [
-        (3, {3: 7.9, 4: 8.7, 2: 10.4, "k": 9.7}), (2, {2: 6.9, 3: 7.5, 4: 8.2, "k": 6.4}),
-        (14, {3: 26.0, 4: 27.3, 2: 28.7, "k": 26.8}), (2, {2: 16.6, 3: 18.4, 4: 22.2, "k": 16.4}),
-        (5, {3: 21.7, 2: 24.4, 4: 26.8, "k": 23.3}), (4, {4: 15.4, 2: 18.6, 3: 21.4, "k": 16.8}),
-        (28, {4: 89.9, 3: 91.6, 2: 104.9, "k": 96.4}), (4, {4: 46.2, 2: 54.2, 3: 62.6, "k": 49.9})],
+        (3, {3: 7.9, 4: 8.7, 2: 10.4, "2x2": 9.7}), (2, {2: 6.9, 3: 7.5, 4: 8.2, "2x2": 6.4}),
+        (14, {3: 26.0, 4: 27.3, 2: 28.7, "2x2": 26.8}), (2, {2: 16.6, 3: 18.4, 4: 22.2, "2x2": 16.4}),
+        (5, {3: 21.7, 2: 24.4, 4: 26.8, "2x2": 23.3}), (4, {4: 15.4, 2: 18.6, 3: 21.4, "2x2": 16.8}),
+        (28, {4: 89.9, 3: 91.6, 2: 104.9, "2x2": 96.4}), (4, {4: 46.2, 2: 54.2, 3: 62.6, "2x2": 49.9})],
     ("bfloat16", 1): [
-        (3, {3: 6.0, 4: 7.4, 2: 7.5, "k": 7.9}), (2, {2: 5.4, 3: 5.6, 4: 7.1, "k": 5.3}),
-        (14, {3: 19.7, 4: 21.1, 2: 21.2, "k": 21.1}), (2, {2: 12.2, 3: 14.1, 4: 18.2, "k": 12.4})],
+        (3, {3: 6.0, 4: 7.4, 2: 7.5, "2x2": 7.9}), (2, {2: 5.4, 3: 5.6, 4: 7.1, "2x2": 5.3}),
+        (14, {3: 19.7, 4: 21.1, 2: 21.2, "2x2": 21.1}), (2, {2: 12.2, 3: 14.1, 4: 18.2, "2x2": 12.4})],
     ("bfloat16", 2): [
-        (3, {4: 8.8, 3: 9.2, 2: 10.3, "k": 9.9}), (2, {2: 6.9, 4: 8.5, 3: 8.8, "k": 6.5}),
-        (14, {4: 27.7, 2: 28.5, 3: 30.9, "k": 27.9}), (2, {2: 16.7, 3: 22.0, 4: 23.4, "k": 16.6})],
+        (3, {4: 8.8, 3: 9.2, 2: 10.3, "2x2": 9.9}), (2, {2: 6.9, 4: 8.5, 3: 8.8, "2x2": 6.5}),
+        (14, {4: 27.7, 2: 28.5, 3: 30.9, "2x2": 27.9}), (2, {2: 16.7, 3: 22.0, 4: 23.4, "2x2": 16.6})],
 }
 
 
@@ -233,15 +233,17 @@ def test_gemv_slot_fit_reproduces_the_h200_choices():
     pick each layer's fastest variant (but for one bf16 layer, 0.1 us: pairs for down at M = 1 where threes'
     slot time is a compromise) and never lose more than 0.1 us against it."""
     from awq_cupy.ops import gemv_kdepth_for, gemv_tiles_for
-    from awq_cupy.tune import fit_gemv_slot
+    from awq_cupy.tune import fit_gemv_kd2, fit_gemv_slot
 
     for (dt, nb), layers in _H200_SWEEP.items():
-        slot = fit_gemv_slot([(b, {tw: us for tw, us in t.items() if tw != "k"}) for b, t in layers])
+        slot = fit_gemv_slot([(b, {tw: us for tw, us in t.items() if tw != "2x2"}) for b, t in layers])
         assert slot == dispatch.H200_GEMV_SLOT[dt][nb], (dt, nb, slot)
+        kd2 = fit_gemv_kd2(layers, slot)
+        assert kd2 == dispatch.H200_GEMV_KD2_SLOT[dt][nb], (dt, nb, kd2)
         lost = 0.0
         for b, t in layers:
             tw = gemv_tiles_for(8 * nb, 132 * b, 132, dt, slot=slot)
-            got = "k" if gemv_kdepth_for(8 * nb, 132 * b, 132, tw, slot, dt) == 2 else tw
+            got = "2x2" if gemv_kdepth_for(8 * nb, 132 * b, 132, tw, slot, kd2) == 2 else tw
             lost += t[got] - min(t.values())
         assert lost <= 0.1 + 1e-9, (dt, nb, lost)
     # no layer with two or more blocks per CTA, or a variant missing: nothing to fit
@@ -253,8 +255,8 @@ def test_gemv_slot_fit_reproduces_the_h200_choices():
 
 def test_gemv_slot_from_benchmark_rows():
     from awq_cupy.bench import Row
-    from awq_cupy.ops import gemv_tiles_for
-    from awq_cupy.tune import gemv_slot_from_rows
+    from awq_cupy.ops import gemv_kdepth_for, gemv_tiles_for
+    from awq_cupy.tune import gemv_kd2_from_rows, gemv_slot_from_rows
 
     rows = []
     for (K, N, b), (t2, t3, t4) in {(4096, 4096, 2): (5.5, 6.3, 7.2), (4096, 6144, 3): (7.7, 6.7, 7.4),
@@ -268,6 +270,17 @@ def test_gemv_slot_from_benchmark_rows():
     for nb in (1, 2):
         for NT16, tiles in ((256, 2), (384, 3), (1792, 4)):
             assert gemv_tiles_for(8 * nb, NT16, 132, slot=slot[nb]) == tiles
+    assert gemv_kd2_from_rows(rows, 132, slot) == {}        # no gemv2x2 rows: nothing to fit
+    # two-k-block pairs measured: faster than pairs at 2 blocks per CTA, slower than threes at 3 and fours at 14
+    for (K, N), us in {(4096, 4096): 5.0, (4096, 6144): 8.0, (4096, 28672): 21.5}.items():
+        for M in (1, 4, 16):
+            rows.append(Row("m", f"{K}x{N}", K, N, M, "gemv2x2", us * (1.5 if M > 8 else 1.0), 0, 0, 0, 0))
+    kd2 = gemv_kd2_from_rows(rows, 132, slot)
+    assert set(kd2) == {1, 2}
+    for nb in (1, 2):
+        for NT16, want in ((256, 2), (384, 1), (1792, 1)):
+            tw = gemv_tiles_for(8 * nb, NT16, 132, slot=slot[nb])
+            assert gemv_kdepth_for(8 * nb, NT16, 132, tw, slot[nb], kd2[nb]) == want, (nb, NT16)
 
 
 def test_gemv_slot_in_the_dispatch_table(tmp_path, monkeypatch):
@@ -296,6 +309,33 @@ def test_gemv_slot_in_the_dispatch_table(tmp_path, monkeypatch):
                     '"gemv_slot": {"float16": {"1": {"2": 0}}}}}}')
     dispatch.reload()
     with pytest.raises(ValueError, match="gemv_slot"):
+        dispatch.for_arch("90")
+    dispatch.reload()
+
+
+def test_gemv_kd2_slot_in_the_dispatch_table(tmp_path, monkeypatch):
+    """A tuned row's slot time of the two-64-k-block pairs survives the JSON file and steers plan_gemv; a row
+    without one takes the H200's; bad values fail with the field named."""
+    path = tmp_path / "dispatch.json"
+    monkeypatch.setenv("AWQ_CUPY_DISPATCH", str(path))
+    dispatch.reload()
+    assert plan_gemv(1, 4096, 4096, 128)["kdepth"] == 2                      # built-in (H200): o on KD 2 pairs
+    never = {"float16": {1: 1.5}}
+    dispatch.write_table(path, {"90": dispatch.Dispatch(gemv_max_m=16, cublas_min_m=768, gemv_kd2_slot=never)}, {})
+    row = dispatch.for_arch("90")
+    assert row.gemv_kd2_slot == never and row.gemv_kd2_for("float16", 1) == 1.5
+    assert row.gemv_kd2_for("float16", 2) == dispatch.H200_GEMV_KD2_SLOT["float16"][2]   # not measured: the H200's
+    assert plan_gemv(1, 4096, 4096, 128)["kdepth"] == 1 and plan_gemv(1, 4096, 4096, 128)["tiles"] == 2
+    assert plan_gemv(16, 4096, 4096, 128)["kdepth"] == 2
+    assert dispatch.TABLE["default"].gemv_kd2_for("float32", 1) is None
+    for bad, what in (({"float32": {1: 1.0}}, "float32"), ({"float16": {3: 1.0}}, "token blocks"),
+                      ({"float16": {1: 0}}, "positive"), ({"float16": {1: "x"}}, "positive"), ({}, "non-empty")):
+        with pytest.raises(ValueError, match=what):
+            dispatch.Dispatch(gemv_max_m=16, cublas_min_m=768, gemv_kd2_slot=bad)
+    path.write_text('{"table": {"90": {"gemv_max_m": 16, "cublas_min_m": 768, '
+                    '"gemv_kd2_slot": {"float16": {"1": -1}}}}}')
+    dispatch.reload()
+    with pytest.raises(ValueError, match="gemv_kd2_slot"):
         dispatch.for_arch("90")
     dispatch.reload()
 
