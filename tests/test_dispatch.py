@@ -159,6 +159,8 @@ def test_gemv_two_k_blocks_per_unit_where_the_h200_measured_them_faster():
         plan_gemv(1, 4096, 4096, 128, tiles=2, kdepth=3)
     assert plan_gemv(1, 4096, 4096, 4096, tiles=2, kdepth=2)["kdepth"] == 2   # one group of K
     assert plan_gemv(16, 4096, 4096, 128, tiles=2, kdepth=2)["warps"] == 8
+    assert plan_gemv(1, 4096, 28672, 128, kdepth=2)["tiles"] == 2     # kdepth 2 alone: pairs
+    assert plan_gemv(1, 4096, 28672, 128, kdepth=1)["tiles"] == 3     # kdepth 1 alone: the slot rule's tiles
 
 
 def test_gemv_plan_rejects_bad_m():
