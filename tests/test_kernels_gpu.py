@@ -259,8 +259,8 @@ def test_gemv_variants_against_reference(rng, tiles, K, N, G, kind):
 def test_gemv_two_k_blocks_per_unit_against_reference(rng, K, N, G, kind):
     """The pair variants with two 64-k blocks per unit (kdepth 2): an odd number of k blocks (K = 1088, 1000, 8, 64:
     the last unit's second block lies past K), groups of one, two and three blocks (G = 64, 128, 192: a unit's
-    second block may start a new group), one group (G = K), column groups short and long, warp counts down to one
-    and several CTAs per column block."""
+    second block may start a new group), one group (G = K), column groups short and long (N = 16 x 137: CTAs of
+    one and two blocks), warp counts down to one."""
     from awq_cupy import ops
     from awq_cupy.kernels import GEMV_KD2_SHAPES
 
@@ -276,6 +276,24 @@ def test_gemv_two_k_blocks_per_unit_against_reference(rng, K, N, G, kind):
                 y = _gemv(x, w, tiles, bias, warps=warps, kdepth=2)
                 assert_matmul_close(y, x, W64, kind, bias=bias,
                                     what=f"GEMV kdepth 2 tiles={tiles} {K}x{N} G={G} M={M} warps={warps} {kind}")
+
+
+@pytest.mark.parametrize("kind", ["float16", "bfloat16"])
+def test_matmul_takes_two_k_block_pairs_where_planned(rng, kind):
+    """A layer of two 16-column blocks per CTA (4096 x 4096, like Mistral-7B's o) runs the two-k-block pairs through
+    matmul's own plan where the dispatch table says so (fp16 at every M <= 16, bf16 from 9 rows), and gives the
+    reference's result."""
+    from awq_cupy import ops
+
+    K, N = 4096, 4096
+    Q, Z, S, G = random_layer(rng, K, N, 128)
+    w = _weight(Q, Z, S, G, kind)
+    W64 = kernel_weight(Q, Z, S, G, kind, rounded=False)
+    for M in (1, 8, 9, 16):
+        plan = ops.plan_gemv(M, K, N, G, sm_count=ops._sm_count(0), dtype=kind)
+        assert plan["kdepth"] == (2 if kind == "float16" or M > 8 else 1), (M, plan)
+        x = random_x(rng, M, K, kind)
+        assert_matmul_close(_run(x, w), x, W64, kind, what=f"matmul {K}x{N} M={M} {kind} kdepth={plan['kdepth']}")
 
 
 def test_gemv_every_warp_count(rng):
