@@ -50,53 +50,57 @@ def default_gemv_slot(dtype: str, token_blocks: int) -> dict[int, float]:
     return H200_GEMV_SLOT.get(dtype, H200_GEMV_SLOT["float16"])[token_blocks]
 
 
-def _gemv_slot(v) -> dict:
-    """``gemv_slot`` with integer keys (a JSON file has strings), checked: {dtype: {token blocks: {tiles: time}}}."""
+def _positive(t) -> bool:
+    return isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0
+
+
+def _per_dtype_and_blocks(v, name: str, what: str, check) -> dict:
+    """A {dtype: {token blocks: value}} field with integer keys (a JSON file has strings), each value passed
+    through ``check(dtype, token blocks, value)`` (which returns it parsed or raises ValueError)."""
     if not isinstance(v, dict) or not v:
-        raise ValueError(f"dispatch gemv_slot={v!r} must be a non-empty {{dtype: {{token blocks: {{tiles: time}}}}}}")
+        raise ValueError(f"dispatch {name}={v!r} must be a non-empty {{dtype: {{token blocks: {what}}}}}")
     out = {}
     for dt, per_nb in v.items():
         if dt not in ("float16", "bfloat16") or not isinstance(per_nb, dict) or not per_nb:
-            raise ValueError(f"dispatch gemv_slot: {dt!r}: a dtype (float16, bfloat16) mapping token blocks (1, 2) "
-                             f"to {{tiles: time}}")
+            raise ValueError(f"dispatch {name}: {dt!r}: a dtype (float16, bfloat16) mapping token blocks (1, 2) "
+                             f"to {what}")
         out[dt] = {}
-        for nb, per_tw in per_nb.items():
-            try:
-                nbi = int(nb)
-                tws = {int(tw): t for tw, t in per_tw.items()}
-            except (TypeError, ValueError, AttributeError):
-                raise ValueError(f"dispatch gemv_slot[{dt!r}]: {nb!r}: {per_tw!r} is not {{tiles: time}}") from None
-            if nbi not in (1, 2) or not tws or not set(tws) <= set(GEMV_SLOT_TILES):
-                raise ValueError(f"dispatch gemv_slot[{dt!r}][{nb!r}]: token blocks 1 or 2, tiles among "
-                                 f"{GEMV_SLOT_TILES}, got {per_tw!r}")
-            for tw, t in tws.items():
-                if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t <= 0:
-                    raise ValueError(f"dispatch gemv_slot[{dt!r}][{nb!r}][{tw}]={t!r} must be a positive number")
-            out[dt][nbi] = tws
-    return out
-
-
-def _gemv_kd2_slot(v) -> dict:
-    """``gemv_kd2_slot`` with integer keys, checked: {dtype: {token blocks: time}}."""
-    if not isinstance(v, dict) or not v:
-        raise ValueError(f"dispatch gemv_kd2_slot={v!r} must be a non-empty {{dtype: {{token blocks: time}}}}")
-    out = {}
-    for dt, per_nb in v.items():
-        if dt not in ("float16", "bfloat16") or not isinstance(per_nb, dict) or not per_nb:
-            raise ValueError(f"dispatch gemv_kd2_slot: {dt!r}: a dtype (float16, bfloat16) mapping token blocks "
-                             f"(1, 2) to a time")
-        out[dt] = {}
-        for nb, t in per_nb.items():
+        for nb, val in per_nb.items():
             try:
                 nbi = int(nb)
             except (TypeError, ValueError):
                 nbi = None
-            if nbi not in (1, 2) or not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) \
-                    or t <= 0:
-                raise ValueError(f"dispatch gemv_kd2_slot[{dt!r}]: {nb!r}: {t!r}: token blocks 1 or 2 and a "
-                                 f"positive time")
-            out[dt][nbi] = t
+            if nbi not in (1, 2):
+                raise ValueError(f"dispatch {name}[{dt!r}]: {nb!r}: token blocks 1 or 2")
+            out[dt][nbi] = check(dt, nb, val)
     return out
+
+
+def _gemv_slot(v) -> dict:
+    """``gemv_slot`` checked: {dtype: {token blocks: {tiles: time}}}."""
+    def tiles(dt, nb, per_tw):
+        try:
+            tws = {int(tw): t for tw, t in per_tw.items()}
+        except (TypeError, ValueError, AttributeError):
+            raise ValueError(f"dispatch gemv_slot[{dt!r}]: {nb!r}: {per_tw!r} is not {{tiles: time}}") from None
+        if not tws or not set(tws) <= set(GEMV_SLOT_TILES):
+            raise ValueError(f"dispatch gemv_slot[{dt!r}][{nb!r}]: tiles among {GEMV_SLOT_TILES}, got {per_tw!r}")
+        for tw, t in tws.items():
+            if not _positive(t):
+                raise ValueError(f"dispatch gemv_slot[{dt!r}][{nb!r}][{tw}]={t!r} must be a positive number")
+        return tws
+
+    return _per_dtype_and_blocks(v, "gemv_slot", "{tiles: time}", tiles)
+
+
+def _gemv_kd2_slot(v) -> dict:
+    """``gemv_kd2_slot`` checked: {dtype: {token blocks: time}}."""
+    def time(dt, nb, t):
+        if not _positive(t):
+            raise ValueError(f"dispatch gemv_kd2_slot[{dt!r}][{nb!r}]={t!r} must be a positive number")
+        return t
+
+    return _per_dtype_and_blocks(v, "gemv_kd2_slot", "a time", time)
 
 
 @dataclass(frozen=True)

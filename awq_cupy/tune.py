@@ -123,6 +123,27 @@ def fit_gemv_kd2(layers: list[tuple[int, dict]], slot: dict[int, float], step: f
     return best[1]
 
 
+def _gemv_layers(rows, sm_count: int, names: dict) -> dict[int, list[tuple[int, dict]]]:
+    """{token blocks: [(blocks per CTA, {variant: us})]} from benchmark rows of the contenders in ``names``
+    ({contender: variant key}): each layer's time per variant summed over the measured M of that token-block count
+    (1..8, 9..16)."""
+    from .ops import gemv_grid
+
+    per: dict = {}
+    for r in rows:
+        if r.contender in names and r.M <= 16:
+            d = per.setdefault((1 if r.M <= 8 else 2, r.N, r.model, r.layer, r.K), {})
+            d[names[r.contender]] = d.get(names[r.contender], 0.0) + r.us
+    out: dict = {1: [], 2: []}
+    for (nb, N, *_), t in per.items():
+        NT16, grid = gemv_grid(N, sm_count)
+        out[nb].append((-(-NT16 // grid), t))
+    return out
+
+
+_TILES = {"gemv2": 2, "gemv3": 3, "gemv4": 4}
+
+
 def gemv_kd2_from_rows(rows, sm_count: int, slot: dict[int, dict[int, float]], dtype: str = "float16"
                        ) -> dict[int, float]:
     """{token blocks: slot time of the two-64-k-block pairs} fitted from benchmark rows of the gemv2/gemv3/gemv4
@@ -130,24 +151,10 @@ def gemv_kd2_from_rows(rows, sm_count: int, slot: dict[int, dict[int, float]], d
     against the tiles' slot times ``slot`` ({token blocks: {tiles: time}}; the H200's for ``dtype`` where it
     lacks one)."""
     from .dispatch import default_gemv_slot
-    from .ops import gemv_grid
 
-    names = {"gemv2": 2, "gemv3": 3, "gemv4": 4, "gemv2x2": "2x2"}
-    per: dict = {}
-    for r in rows:
-        if r.contender in names and r.M <= 16:
-            nb = 1 if r.M <= 8 else 2
-            d = per.setdefault((nb, r.model, r.layer, r.K, r.N), {})
-            d[names[r.contender]] = d.get(names[r.contender], 0.0) + r.us
     out = {}
-    for nb in (1, 2):
-        layers = []
-        for (n, _, _, _, N), t in per.items():
-            if n == nb:
-                NT16, grid = gemv_grid(N, sm_count)
-                layers.append((-(-NT16 // grid), t))
-        own = slot.get(nb) or default_gemv_slot(dtype, nb)
-        fit = fit_gemv_kd2(layers, own)
+    for nb, layers in _gemv_layers(rows, sm_count, {**_TILES, "gemv2x2": "2x2"}).items():
+        fit = fit_gemv_kd2(layers, slot.get(nb) or default_gemv_slot(dtype, nb))
         if fit is not None:
             out[nb] = fit
     return out
@@ -156,22 +163,8 @@ def gemv_kd2_from_rows(rows, sm_count: int, slot: dict[int, dict[int, float]], d
 def gemv_slot_from_rows(rows, sm_count: int) -> dict[int, dict[int, float]]:
     """{token blocks: slot times} fitted from benchmark rows of the gemv2/gemv3/gemv4 contenders: each layer's
     time per variant summed over the measured M of that token-block count (1..8, 9..16)."""
-    from .ops import gemv_grid
-
-    per: dict = {}
-    for r in rows:
-        if r.contender in ("gemv2", "gemv3", "gemv4") and r.M <= 16:
-            nb = 1 if r.M <= 8 else 2
-            key = (nb, r.model, r.layer, r.K, r.N)
-            d = per.setdefault(key, {})
-            d[int(r.contender[-1])] = d.get(int(r.contender[-1]), 0.0) + r.us
     out = {}
-    for nb in (1, 2):
-        layers = []
-        for (n, _, _, _, N), t in per.items():
-            if n == nb:
-                NT16, grid = gemv_grid(N, sm_count)
-                layers.append((-(-NT16 // grid), t))
+    for nb, layers in _gemv_layers(rows, sm_count, _TILES).items():
         fit = fit_gemv_slot(layers)
         if fit is not None:
             out[nb] = fit

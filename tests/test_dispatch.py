@@ -302,15 +302,24 @@ def test_gemv_slot_in_the_dispatch_table(tmp_path, monkeypatch):
     assert plan_gemv(16, 4096, 6144, 128)["tiles"] == 3
     assert plan_gemv(1, 4096, 6144, 128, dtype="bfloat16")["tiles"] == 3
     assert hash(row) == hash(dispatch.Dispatch(gemv_max_m=16, cublas_min_m=768))
-    for bad, what in (({"float32": {1: {2: 1.0}}}, "float32"), ({"float16": {3: {2: 1.0}}}, "token blocks"),
-                      ({"float16": {1: {5: 1.0}}}, "tiles"), ({"float16": {1: {2: -1.0}}}, "positive"),
-                      ({"float16": {1: {2: "x"}}}, "positive"), ({}, "non-empty")):
+    _assert_rejected(path, "gemv_slot", (
+        ({"float32": {1: {2: 1.0}}}, "float32"), ({"float16": {3: {2: 1.0}}}, "token blocks"),
+        ({"float16": {1: {5: 1.0}}}, "tiles"), ({"float16": {1: {2: -1.0}}}, "positive"),
+        ({"float16": {1: {2: "x"}}}, "positive"), ({"float16": {1: 3}}, "tiles: time"), ({}, "non-empty")),
+        {"float16": {"1": {"2": 0}}})
+
+
+def _assert_rejected(path, field, bads, stored):
+    """Each (bad value, message part) of a dispatch row field fails with that message; a table file whose row has
+    ``stored`` there fails with the field named."""
+    import json
+
+    for bad, what in bads:
         with pytest.raises(ValueError, match=what):
-            dispatch.Dispatch(gemv_max_m=16, cublas_min_m=768, gemv_slot=bad)
-    path.write_text('{"table": {"90": {"gemv_max_m": 16, "cublas_min_m": 768, '
-                    '"gemv_slot": {"float16": {"1": {"2": 0}}}}}}')
+            dispatch.Dispatch(gemv_max_m=16, cublas_min_m=768, **{field: bad})
+    path.write_text(json.dumps({"table": {"90": {"gemv_max_m": 16, "cublas_min_m": 768, field: stored}}}))
     dispatch.reload()
-    with pytest.raises(ValueError, match="gemv_slot"):
+    with pytest.raises(ValueError, match=field):
         dispatch.for_arch("90")
     dispatch.reload()
 
@@ -330,16 +339,10 @@ def test_gemv_kd2_slot_in_the_dispatch_table(tmp_path, monkeypatch):
     assert plan_gemv(1, 4096, 4096, 128)["kdepth"] == 1 and plan_gemv(1, 4096, 4096, 128)["tiles"] == 2
     assert plan_gemv(16, 4096, 4096, 128)["kdepth"] == 2
     assert dispatch.TABLE["default"].gemv_kd2_for("float32", 1) is None
-    for bad, what in (({"float32": {1: 1.0}}, "float32"), ({"float16": {3: 1.0}}, "token blocks"),
-                      ({"float16": {1: 0}}, "positive"), ({"float16": {1: "x"}}, "positive"), ({}, "non-empty")):
-        with pytest.raises(ValueError, match=what):
-            dispatch.Dispatch(gemv_max_m=16, cublas_min_m=768, gemv_kd2_slot=bad)
-    path.write_text('{"table": {"90": {"gemv_max_m": 16, "cublas_min_m": 768, '
-                    '"gemv_kd2_slot": {"float16": {"1": -1}}}}}')
-    dispatch.reload()
-    with pytest.raises(ValueError, match="gemv_kd2_slot"):
-        dispatch.for_arch("90")
-    dispatch.reload()
+    _assert_rejected(path, "gemv_kd2_slot", (
+        ({"float32": {1: 1.0}}, "float32"), ({"float16": {3: 1.0}}, "token blocks"), ({"float16": {1: 0}}, "positive"),
+        ({"float16": {1: "x"}}, "positive"), ({"float16": {"a": 1.0}}, "token blocks"), ({}, "non-empty")),
+        {"float16": {"1": -1}})
 
 
 def test_tune_choice_from_measurements():
