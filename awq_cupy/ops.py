@@ -413,8 +413,8 @@ def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: i
     tiles, aligned, grid, warps, smem, NT16, kdepth). One CTA per SM (at most one per 16-column block) of the
     variant's warp count. ``tiles`` (blocks per warp unit) and ``kdepth`` (64-k blocks per unit) default to
     ``gemv_tiles_for`` (with the dispatch row's slot times for the activations' ``dtype``) and ``gemv_kdepth_for``;
-    given ``tiles``, ``kdepth`` defaults to 1, and ``kdepth`` 2 alone means pairs. ``warps`` overrides the warp count (for tuning). The plan depends on
-    (M, K, N, G), the dtype and the GPU, and so does the summation order."""
+    given ``tiles``, ``kdepth`` defaults to 1, and ``kdepth`` 2 alone means pairs. ``warps`` overrides the warp
+    count (for tuning). The plan depends on (M, K, N, G), the dtype and the GPU, and so does the summation order."""
     from .jit import ARCHS
     from .kernels import GEMV_KD2_SHAPES, GEMV_SHAPES, GEMV_TOKEN_BLOCKS, gemv_max_warps, gemv_smem_bytes
 
