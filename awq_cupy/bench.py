@@ -200,7 +200,7 @@ def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, co
                     continue
                 if c == "gemm_wg" and not ops.has_wgmma(arch):
                     continue
-                if c == "gemv2x2" and not (wq[0].group_size % 64 == 0 or wq[0].NG == 1):
+                if c == "gemv2x2" and not ops.aligned_groups(wq[0].group_size, wq[0].NG):
                     continue   # two 64-k blocks per unit need groups of whole blocks
                 y.fill(np.nan)
                 calls[c](0)

@@ -387,15 +387,27 @@ def gemv_tiles_by_slot(most: int, slot: dict[int, float]) -> int:
     return min(slot, key=lambda tw: (-(-most // tw) * tw * slot[tw], -tw))
 
 
-def gemv_kdepth_for(M: int, NT16: int, grid: int, tiles: int, slot: dict[int, float], kd2: float | None,
+def gemv_kdepth_for(NT16: int, grid: int, tiles: int, slot: dict[int, float], kd2: float | None,
                     aligned: bool = True) -> int:
     """64-k blocks per GEMV unit: 2 (the pair variant with two blocks per unit) where its padded block slots at
     time ``kd2`` (the dispatch row's ``gemv_kd2_for``) cost less than those of ``tiles`` (``gemv_tiles_for``'s
     choice) at ``slot``'s, for groups of whole 64-k blocks; else 1 (also when ``kd2`` is None)."""
-    most = -(-NT16 // grid)
-    if kd2 is None or not aligned or tiles < 2 or tiles not in slot:
+    if kd2 is None or not aligned:
+        return 1
+    return gemv_kdepth_by_slot(-(-NT16 // grid), tiles, slot, kd2)
+
+
+def gemv_kdepth_by_slot(most: int, tiles: int, slot: dict[int, float], kd2: float) -> int:
+    """``gemv_kdepth_for``'s rule for a CTA of ``most`` blocks whose tiles rule chose ``tiles``: 2 where the pairs'
+    padded slots at ``kd2`` cost less than the chosen tiles' at ``slot``'s times, else 1."""
+    if tiles < 2 or tiles not in slot:
         return 1
     return 2 if -(-most // 2) * 2 * kd2 < -(-most // tiles) * tiles * slot[tiles] else 1
+
+
+def aligned_groups(group_size: int, NG: int) -> bool:
+    """Whether the scale groups are whole 64-k blocks (or there is one group): the kernels' GA variants."""
+    return group_size % 64 == 0 or NG == 1
 
 
 def gemv_grid(N: int, sm_count: int) -> tuple[int, int]:
@@ -423,8 +435,7 @@ def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: i
     if M < 1 or nb not in GEMV_TOKEN_BLOCKS:
         raise ValueError(f"no GEMV variant for M={M} (1 to {8 * max(GEMV_TOKEN_BLOCKS)} rows)")
     NT16, grid = gemv_grid(N, sm_count)
-    NG = max(1, K // group_size)
-    aligned = group_size % 64 == 0 or NG == 1
+    aligned = aligned_groups(group_size, max(1, K // group_size))
     if tiles is None and kdepth == 2:
         tw = 2                                   # the two-k-block variants are pairs
     elif tiles is None:
@@ -432,7 +443,7 @@ def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: i
         slot = row.gemv_slot_for(dtype, nb)
         tw = gemv_tiles_for(M, NT16, grid, slot=slot)
         if kdepth is None:
-            kdepth = gemv_kdepth_for(M, NT16, grid, tw, slot, row.gemv_kd2_for(dtype, nb), aligned)
+            kdepth = gemv_kdepth_for(NT16, grid, tw, slot, row.gemv_kd2_for(dtype, nb), aligned)
             tw = 2 if kdepth == 2 else tw
     else:
         tw = tiles
@@ -492,7 +503,7 @@ def gemv_args(x2, w, bias_arg, y2, M: int, plan: dict) -> tuple:
     """awq_gemv_tc_kernel's argument list for a plan_gemv ``plan`` (also used by bench/gemv_trace.py)."""
     return ((x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(w.K),
              as_i32(plan["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(w.NT * 64))
-            + gemv_dividers(plan["grid"], plan["NT16"], plan["warps"], w.KS, w.group_size, plan.get("kdepth", 1)))
+            + gemv_dividers(plan["grid"], plan["NT16"], plan["warps"], w.KS, w.group_size, plan["kdepth"]))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -612,7 +623,7 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
                                   per_sm=res // sm_count, share=share)
     NG = max(1, K // group_size)
     smem = gemm_wg_smem_bytes(nb) if wgmma else gemm_sw_smem_bytes(nb)
-    return dict(token_blocks=nb, tiles=tw, depth=depth, aligned=group_size % 64 == 0 or NG == 1,
+    return dict(token_blocks=nb, tiles=tw, depth=depth, aligned=aligned_groups(group_size, NG),
                 grid=(n_ctas, splits, m_tiles), splits=splits, per=per, smem=smem, NT16=NT16, ksplit=ksplit)
 
 
@@ -670,7 +681,7 @@ def _launch_gemm(x2, w, bias_arg, y2, M, kind, arch, sm_count, batch_invariant, 
 
     wg = uses_wgmma(arch, None if batch_invariant else M) if wgmma is None else wgmma
     nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wg, depth=depth)
-    aligned = w.group_size % 64 == 0 or w.NG == 1
+    aligned = aligned_groups(w.group_size, w.NG)
 
     def planned(gk, smem, ks=1):
         # batch-invariant plans must not depend on this M's variant: one CTA per SM

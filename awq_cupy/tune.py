@@ -101,7 +101,7 @@ def fit_gemv_kd2(layers: list[tuple[int, dict]], slot: dict[int, float], step: f
     against each layer's fastest variant; among equals, the one nearest to the mean measured ratio (time per slot
     against the 4-block variant's, in log terms). None when no layer has two or more blocks per CTA and all four
     variants measured."""
-    from .ops import gemv_tiles_by_slot
+    from .ops import gemv_kdepth_by_slot, gemv_tiles_by_slot
 
     keys = (2, 3, 4, "2x2")
     used = [(b, t, min(t[k] for k in keys)) for b, t in layers
@@ -111,7 +111,7 @@ def fit_gemv_kd2(layers: list[tuple[int, dict]], slot: dict[int, float], step: f
 
     def pick(b, fk):
         tw = gemv_tiles_by_slot(b, slot)
-        return "2x2" if -(-b // 2) * 2 * fk < -(-b // tw) * tw * slot[tw] else tw
+        return "2x2" if gemv_kdepth_by_slot(b, tw, slot, fk) == 2 else tw
 
     mean = sum(math.log((t["2x2"] / (-(-b // 2) * 2)) / (t[4] / (-(-b // 4) * 4))) for b, t, _ in used) / len(used)
     best = None

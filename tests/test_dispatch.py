@@ -245,7 +245,7 @@ def test_gemv_slot_fit_reproduces_the_h200_choices():
         lost = 0.0
         for b, t in layers:
             tw = gemv_tiles_for(8 * nb, 132 * b, 132, dt, slot=slot)
-            got = "2x2" if gemv_kdepth_for(8 * nb, 132 * b, 132, tw, slot, kd2) == 2 else tw
+            got = "2x2" if gemv_kdepth_for(132 * b, 132, tw, slot, kd2) == 2 else tw
             lost += t[got] - min(t.values())
         assert lost <= 0.1 + 1e-9, (dt, nb, lost)
     # no layer with two or more blocks per CTA, or a variant missing: nothing to fit
@@ -282,7 +282,7 @@ def test_gemv_slot_from_benchmark_rows():
     for nb in (1, 2):
         for NT16, want in ((256, 2), (384, 1), (1792, 1)):
             tw = gemv_tiles_for(8 * nb, NT16, 132, slot=slot[nb])
-            assert gemv_kdepth_for(8 * nb, NT16, 132, tw, slot[nb], kd2[nb]) == want, (nb, NT16)
+            assert gemv_kdepth_for(NT16, 132, tw, slot[nb], kd2[nb]) == want, (nb, NT16)
 
 
 def test_gemv_slot_in_the_dispatch_table(tmp_path, monkeypatch):
