@@ -57,12 +57,10 @@ for lname, K, N in MODELS["mistral-7b"]:
             k = kernels.kernel("gemv_tc", variant(nb, tw, thr, stg), 0)
             y = cp.empty((M, N), cp.float16)
 
+            pw = dict(p, warps=W)   # the fastdiv by the warp count must match the launch
+
             def call(i):
-                w = wq[i % nq]
-                k.launch((p["grid"],), (32 * W,),
-                         (x, w.qtiles, w.scales, w.zeros, ops._NULL, y, ops.as_i32(M), ops.as_i32(N),
-                          ops.as_i32(K), ops.as_i32(p["NT16"]), ops.as_i32(w.KS), ops.as_i32(w.group_size),
-                          ops.as_i32(w.NG), ops.as_i32(w.NT * 64)),
+                k.launch((p["grid"],), (32 * W,), ops.gemv_args(x, wq[i % nq], ops._NULL, y, M, pw),
                          smem=kernels.gemv_smem_bytes(W, nb, tw), pdl=ops.uses_pdl(arch))
 
             call(0)

@@ -27,7 +27,8 @@ plans = [None] + ([tuple(int(v) for v in p.split("/")) for p in sys.argv[3].spli
 FAM = dataclasses.replace(kernels.GEMV_TC, name="gemv_trace", defines=(("AWQ_GEMV_TRACE", "1"),),
                           source=os.environ.get("TRACE_SOURCE", kernels.GEMV_TC.source),
                           variants=lambda a: tuple(kernels.gemv_variant("float16", -(-M // 8), tw, True)
-                                                   for tw in (1, 2, 3, 4)))
+                                                   for tw in (1, 2, 3, 4))
+                          + (kernels.gemv_variant("float16", -(-M // 8), 2, True, 2),))
 arch = arch_of_device(0)
 sms = ops._sm_count(0)
 spin = kernels.kernel("bench_util", "awq_spin_kernel")
@@ -45,7 +46,8 @@ for name, K, N in MODELS[model]:
         for pdl in (True, False):
             tw, wp = plan if plan else (None, None)
             p = ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, tiles=tw, warps=wp)
-            k = get_kernel(FAM, kernels.gemv_variant("float16", p["token_blocks"], p["tiles"], p["aligned"]))
+            k = get_kernel(FAM, kernels.gemv_variant("float16", p["token_blocks"], p["tiles"], p["aligned"],
+                                                     p["kdepth"]))
             trace = cp.zeros((CALLS, p["grid"], STRIDE), cp.uint64)
 
             def call(i):   # the trace buffer stands in for the bias (AWQ_GEMV_TRACE)
@@ -70,7 +72,7 @@ for name, K, N in MODELS[model]:
                               (epi_done - loop_done.max()).max(), int(np.argmax(epi_done))])
             med = np.median(np.array(rows), axis=0)
             wmed = np.median(np.array(warps), axis=0)
-            label = f"{p['tiles']}/{p['warps']}"
+            label = f"{p['tiles']}{'x2' if p['kdepth'] == 2 else ''}/{p['warps']}"
             print(f"{name:8s} M={M:3d} {label:5s} pdl={int(pdl)}  starts {med[0]:6.0f}..{med[1]:6.0f} | last CTA "
                   + " ".join(f"{n} {v:6.0f}" for n, v in zip(POINTS, med[2:])), flush=True)
             print(f"{'':8s}   its warps: loops done {wmed[0]:6.0f}..{wmed[1]:6.0f} (last: warp {wmed[2]:.0f}), "

@@ -169,6 +169,7 @@ def test_gemv_trace_build_compiles(tmp_path, monkeypatch):
     monkeypatch.setenv("AWQ_CUPY_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(jit, "_compiled", {})
     names = tuple(kernels.gemv_variant("float16", nb, tw, True) for nb, tw in ((1, 2), (1, 4), (2, 3)))
+    names += tuple(kernels.gemv_variant("float16", nb, 2, True, 2) for nb in (1, 2))   # the KD 2 pairs it traces too
     fam = dataclasses.replace(kernels.GEMV_TC, name="gemv_trace", defines=(("AWQ_GEMV_TRACE", "1"),),
                               variants=lambda a: names)
     c = jit.compile_family(fam, jit.ARCHS["90"])
