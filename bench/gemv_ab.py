@@ -25,9 +25,9 @@ model = os.environ.get("AB_MODEL", "mistral-7b")
 only = os.environ.get("AB_LAYERS")
 force = dict(zip(("tiles", "kdepth"), map(int, os.environ["AB_NEW"].split(":")))) if os.environ.get("AB_NEW") else {}
 layers = [(n, K, N) for n, K, N in MODELS[model] if not only or n in only.split(",")]
-# the old side: the plan with one 64-k block per unit (the argument list of kernels before KD)
-plans = {(n, M): ops.plan_gemv(M, K, N, 128, arch=arch, sm_count=sms, kdepth=1) for n, K, N in layers for M in ms}
-needed = tuple(sorted({kernels.gemv_variant("float16", p["token_blocks"], p["tiles"], p["aligned"])
+# the old side runs this tree's plan (with its 64-k blocks per unit), so both sides split the work alike
+plans = {(n, M): ops.plan_gemv(M, K, N, 128, arch=arch, sm_count=sms) for n, K, N in layers for M in ms}
+needed = tuple(sorted({kernels.gemv_variant("float16", p["token_blocks"], p["tiles"], p["aligned"], p["kdepth"])
                        for p in plans.values()}))
 OLD = dataclasses.replace(kernels.GEMV_TC, name="gemv_ab", source="gemv_tc_ab.cu", variants=lambda a: needed)
 timer = Timer()
@@ -39,7 +39,8 @@ for name, K, N in layers:
     for M in ms:
         p = plans[(name, M)]
         x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
-        old = kernels.get_kernel(OLD, kernels.gemv_variant("float16", p["token_blocks"], p["tiles"], p["aligned"]))
+        old = kernels.get_kernel(OLD, kernels.gemv_variant("float16", p["token_blocks"], p["tiles"], p["aligned"],
+                                                           p["kdepth"]))
         outs, line = [], []
         for label in ("old", "new", "old", "new"):
             y = cp.full((M, N), np.nan, cp.float16)

@@ -28,7 +28,8 @@ FAM = dataclasses.replace(kernels.GEMV_TC, name="gemv_trace", defines=(("AWQ_GEM
                           source=os.environ.get("TRACE_SOURCE", kernels.GEMV_TC.source),
                           variants=lambda a: tuple(kernels.gemv_variant("float16", -(-M // 8), tw, True)
                                                    for tw in (1, 2, 3, 4))
-                          + (kernels.gemv_variant("float16", -(-M // 8), 2, True, 2),))
+                          + tuple(kernels.gemv_variant("float16", nb, tw, True, 2) for nb, tw in kernels.GEMV_KD2_SHAPES
+                                  if nb == -(-M // 8)))
 arch = arch_of_device(0)
 sms = ops._sm_count(0)
 spin = kernels.kernel("bench_util", "awq_spin_kernel")

@@ -46,7 +46,7 @@ for K, N, G, kinds in [(24, 8, -1, ("float16", "bfloat16")), (96, 72, 32, ("floa
                 for tiles in (1, 2, 3, 4):
                     y = cp.empty((M, N), dtype=x.dtype)
                     awq_cupy.ops._launch_gemv(x, w, bias, y, M, kind, awq_cupy.ops._sm_count(w.device), tiles=tiles)
-                if G % 64 == 0 or G == K:   # pairs with two 64-k blocks per unit
+                if ops.aligned_groups(G, K // G):   # pairs with two 64-k blocks per unit
                     y = cp.empty((M, N), dtype=x.dtype)
                     awq_cupy.ops._launch_gemv(x, w, bias, y, M, kind, awq_cupy.ops._sm_count(w.device), tiles=2,
                                               kdepth=2)
