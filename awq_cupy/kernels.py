@@ -5,6 +5,9 @@ check iterate over it, and the ops look kernels up through ``kernel(family, vari
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 from .jit import Arch, KernelFamily, get_kernel
 
 # C++ element type names of the activation / scale dtypes.
@@ -101,6 +104,27 @@ GEMV_TC = KernelFamily("gemv_tc", "gemv_tc.cu",
                        + tuple(gemv_variant(d, nb, tw, True, 2) for d in gemm_dtypes(arch)
                                for nb, tw in GEMV_KD2_SHAPES),
                        hot=True)
+
+# The GEMV's shape arguments after M (awq_cupy.ops.gemv_shape_args), as the AWQ_GEMV_<name> defines of a variant
+# compiled for one launch shape (kernels_cu/gemv_tc.cu AWQ_GEMV_SHAPE).
+GEMV_SHAPE_ARGS = ("N", "K", "NT16", "KS", "G", "NG", "NP", "FD_GRID", "FD_W", "FD_KQ", "FD_G")
+
+
+@functools.lru_cache(maxsize=4096)
+def gemv_shape_family(variant: str, shape_args: tuple[int, ...], warps: int,
+                      extra_defines: tuple[tuple[str, str], ...] = ()) -> KernelFamily:
+    """The GEMV family with one variant, compiled for one launch shape: ``shape_args`` are the kernel's arguments
+    after M (``ops.gemv_shape_args``: N, K, NT16, KS, G, NG, Np and the four fast dividers, as ints) and ``warps``
+    its warps per CTA; the launch must pass the same values. One NVRTC compile (~0.3-0.5 s) per shape, then the
+    disk cache. ``extra_defines`` (e.g. AWQ_GEMV_TRACE) are added."""
+    if len(shape_args) != len(GEMV_SHAPE_ARGS):
+        raise ValueError(f"GEMV shape: {len(GEMV_SHAPE_ARGS)} arguments {GEMV_SHAPE_ARGS}, got {shape_args!r}")
+    vals = tuple(int(v) for v in shape_args)
+    defines = (("AWQ_GEMV_SHAPE", "1"), ("AWQ_GEMV_W", str(int(warps)))) + tuple(
+        (f"AWQ_GEMV_{n}", f"{v}ull" if n.startswith("FD_") else str(v)) for n, v in zip(GEMV_SHAPE_ARGS, vals))
+    name = f"gemv_tc:{variant}:w{int(warps)}:" + "-".join(map(str, vals)) + "".join(f":{d}" for d, _ in extra_defines)
+    return dataclasses.replace(GEMV_TC, name=name, defines=defines + tuple(extra_defines),
+                               variants=lambda arch, v=variant: (v,))
 
 # Hopper warpgroup-MMA GEMM (kernels_cu/gemm_wg.cu, sm_90a only): (token blocks of 8 = wgmma N / 8, 16-column
 # blocks per warp, units in registers); 8 warps per CTA; GA as for the GEMV.

@@ -489,20 +489,70 @@ def fastdiv(d: int) -> np.uint64:
 
 def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count, tiles=None, warps=None, kdepth=None):
     from .jit import arch_of_device
-    from .kernels import gemv_variant, kernel
 
     arch = arch_of_device(w.device)
     p = plan_gemv(M, w.K, w.N, w.group_size, arch=arch, sm_count=sm_count, tiles=tiles, warps=warps,
                   dtype=kind, kdepth=kdepth)
-    k = kernel("gemv_tc", gemv_variant(kind, p["token_blocks"], p["tiles"], p["aligned"], p["kdepth"]), w.device)
-    k.launch((p["grid"],), (32 * p["warps"],), gemv_args(x2, w, bias_arg, y2, M, p), smem=p["smem"],
-             pdl=uses_pdl(arch))
+    gemv_kernel(w, p, kind, arch).launch((p["grid"],), (32 * p["warps"],), gemv_args(x2, w, bias_arg, y2, M, p),
+                                         smem=p["smem"], pdl=uses_pdl(arch))
+
+
+# Weights of at least this many elements (K x N) get a GEMV compiled for their launch shape (gemv_specializes).
+GEMV_SHAPE_MIN_WEIGHTS = 1 << 22
+
+
+def gemv_specializes(arch, K: int, N: int) -> bool:
+    """Whether matmul's GEMV for a K x N weight on ``arch`` runs a variant compiled for its launch shape
+    (kernels.gemv_shape_family: constant index arithmetic, no parameter loads in the loop; outputs bitwise the
+    same as the generic kernel's). Compute capability 9.0 (measured there: H200, Mistral-7B M = 1 sum 42.0 -> 40.6
+    us, bench/NOTES.md v31) for weights of at least GEMV_SHAPE_MIN_WEIGHTS elements, so that the one compile per
+    shape (~0.3-0.5 s, then the disk cache) goes to model-sized layers. AWQ_CUPY_GEMV_SHAPES=0 never, =1 at any
+    size (on 9.0)."""
+    import os
+
+    mode = os.environ.get("AWQ_CUPY_GEMV_SHAPES", "auto")
+    if mode not in ("0", "1", "auto"):
+        raise ValueError(f"AWQ_CUPY_GEMV_SHAPES={mode!r}: 0 (never), 1 (always) or auto")
+    if arch.cc != 90 or mode == "0":
+        return False
+    return mode == "1" or K * N >= GEMV_SHAPE_MIN_WEIGHTS
+
+
+def gemv_kernel(w, plan: dict, kind: str, arch, specialize: bool | None = None):
+    """The GEMV kernel for a plan_gemv ``plan`` of weight ``w``: compiled for its launch shape where
+    ``gemv_specializes`` (or ``specialize``) says so, else the generic variant."""
+    from .kernels import gemv_variant, kernel
+
+    v = gemv_variant(kind, plan["token_blocks"], plan["tiles"], plan["aligned"], plan["kdepth"])
+    if gemv_specializes(arch, w.K, w.N) if specialize is None else specialize:
+        return _gemv_shape_kernel(v, w.N, w.K, plan["NT16"], w.KS, w.group_size, w.NG, w.NT * 64, plan["grid"],
+                                  plan["warps"], plan["kdepth"], w.device)
+    return kernel("gemv_tc", v, w.device)
+
+
+@functools.lru_cache(maxsize=4096)
+def _gemv_shape_kernel(variant, N, K, NT16, KS, G, NG, Np, grid, warps, kdepth, device):
+    from .kernels import gemv_shape_family, get_kernel
+
+    shape = gemv_shape_constants(N, K, NT16, KS, G, NG, Np, grid, warps, kdepth)
+    return get_kernel(gemv_shape_family(variant, shape, warps), variant, device)
+
+
+def gemv_shape_constants(N, K, NT16, KS, G, NG, Np, grid, warps, kdepth) -> tuple[int, ...]:
+    """The values a shape-compiled GEMV fixes: gemv_shape_args' values as ints (a CPU test holds them equal)."""
+    return (N, K, NT16, KS, G, NG, Np) + tuple(int(d) for d in gemv_dividers(grid, NT16, warps, KS, G, kdepth))
 
 
 def gemv_args(x2, w, bias_arg, y2, M: int, plan: dict) -> tuple:
     """awq_gemv_tc_kernel's argument list for a plan_gemv ``plan`` (also used by bench/gemv_trace.py)."""
-    return ((x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, as_i32(M), as_i32(w.N), as_i32(w.K),
-             as_i32(plan["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(w.NT * 64))
+    return (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, as_i32(M)) + gemv_shape_args(w, plan)
+
+
+def gemv_shape_args(w, plan: dict) -> tuple:
+    """The GEMV's arguments after M: N, K, NT16, KS, G, NG, Np and the fast dividers (gemv_dividers); a variant
+    compiled for one launch shape (kernels.gemv_shape_family) takes them as constants."""
+    return ((as_i32(w.N), as_i32(w.K), as_i32(plan["NT16"]), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG),
+             as_i32(w.NT * 64))
             + gemv_dividers(plan["grid"], plan["NT16"], plan["warps"], w.KS, w.group_size, plan["kdepth"]))
 
 

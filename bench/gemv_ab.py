@@ -5,7 +5,9 @@ argument list, ops.gemv_args) against the current gemv_tc.cu, planned launches, 
     [AB_MS=1,16] [AB_MODEL=mistral-7b] [AB_LAYERS=qkv,gate_up] [AB_NEW=tiles:kdepth] python3 bench/gemv_ab.py
 AB_NEW runs the new side with that many blocks per unit and 64-k blocks per unit (e.g. 2:2) instead of its plan.
 Where the two sides sum in a different order (another work split), the largest difference relative to the largest
-output is printed instead of "bitwise equal".
+output is printed instead of "bitwise equal". The new side runs what matmul runs: on compute capability 9.0 the
+GEMV compiled for the layer's launch shape (ops.gemv_specializes); AWQ_CUPY_GEMV_SHAPES=0 makes it the generic
+variant, like the old side.
 (The fastdiv A/B of bench/NOTES.md v25 ran a181c66's kernel with its own, shorter argument list.)
 """
 import dataclasses

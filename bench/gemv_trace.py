@@ -7,8 +7,10 @@ last CTA start, then the timeline of the CTA that ends last (the critical path):
 prologue loads issued, pdl_wait returned, first unit computed (warp 0), main loop done (all warps), end; and three
 points inside the index arithmetic (CTA's blocks, warp's units, load cursor); then, for that CTA's warps, when
 their loops end (earliest, latest, which warp) and the longest epilogue after the last loop (medians; which warp,
-the median of the call's warp indices). TRACE_SOURCE=gemv_tc_ab.cu traces that file's kernel instead (prepared as
-for bench/gemv_ab.py), to compare two versions' timelines.
+the median of the call's warp indices), and where a warp sums a shared column group by itself, when that sum starts
+and is done (before its stores), also after the last loop. Where matmul runs a GEMV compiled for the layer's launch
+shape (ops.gemv_specializes), that is the kernel traced. TRACE_SOURCE=gemv_tc_ab.cu traces that file's kernel
+instead (prepared as for bench/gemv_ab.py), to compare two versions' timelines.
 """
 import dataclasses
 import os
@@ -47,8 +49,15 @@ for name, K, N in MODELS[model]:
         for pdl in (True, False):
             tw, wp = plan if plan else (None, None)
             p = ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, tiles=tw, warps=wp)
-            k = get_kernel(FAM, kernels.gemv_variant("float16", p["token_blocks"], p["tiles"], p["aligned"],
-                                                     p["kdepth"]))
+            v = kernels.gemv_variant("float16", p["token_blocks"], p["tiles"], p["aligned"], p["kdepth"])
+            if ops.gemv_specializes(arch, K, N):   # the shape-compiled kernel that matmul runs
+                w0 = wq[0]
+                fam = kernels.gemv_shape_family(v, ops.gemv_shape_constants(
+                    N, K, p["NT16"], w0.KS, w0.group_size, w0.NG, w0.NT * 64, p["grid"], p["warps"], p["kdepth"]),
+                    p["warps"], (("AWQ_GEMV_TRACE", "1"),))
+                k = get_kernel(dataclasses.replace(fam, source=FAM.source), v)
+            else:
+                k = get_kernel(FAM, v)
             trace = cp.zeros((CALLS, p["grid"], STRIDE), cp.uint64)
 
             def call(i):   # the trace buffer stands in for the bias (AWQ_GEMV_TRACE)
@@ -69,14 +78,17 @@ for name, K, N in MODELS[model]:
                 rows.append([t[c, :, 0].min() - ref, t[c, :, 0].max() - ref] + list(t[c, last, :10] - ref))
                 loop_done = t[c, last, 12:12 + 2 * W:2] - ref     # per warp of the last CTA
                 epi_done = t[c, last, 13:13 + 2 * W:2] - ref
+                own = [t[c, last, j] - ref - loop_done.max() if t[c, last, j] else np.nan for j in (10, 11)]
                 warps.append([loop_done.min(), loop_done.max(), int(np.argmax(loop_done)),
-                              (epi_done - loop_done.max()).max(), int(np.argmax(epi_done))])
+                              (epi_done - loop_done.max()).max(), int(np.argmax(epi_done))] + own)
             med = np.median(np.array(rows), axis=0)
             wmed = np.median(np.array(warps), axis=0)
+            own = ("" if np.isnan(wmed[5]) else
+                   f"; a warp's own sum of a shared group: starts {wmed[5]:5.0f}, done {wmed[6]:5.0f}")
             label = f"{p['tiles']}{'x2' if p['kdepth'] == 2 else ''}/{p['warps']}"
             print(f"{name:8s} M={M:3d} {label:5s} pdl={int(pdl)}  starts {med[0]:6.0f}..{med[1]:6.0f} | last CTA "
                   + " ".join(f"{n} {v:6.0f}" for n, v in zip(POINTS, med[2:])), flush=True)
             print(f"{'':8s}   its warps: loops done {wmed[0]:6.0f}..{wmed[1]:6.0f} (last: warp {wmed[2]:.0f}), "
-                  f"longest epilogue after the last loop {wmed[3]:6.0f} (warp {wmed[4]:.0f})", flush=True)
+                  f"longest epilogue after the last loop {wmed[3]:6.0f} (warp {wmed[4]:.0f}){own}", flush=True)
     wq = None
     cp.get_default_memory_pool().free_all_blocks()

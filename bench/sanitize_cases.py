@@ -84,5 +84,23 @@ for G in (64, 32):
             x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
             y = cp.empty((M, N), dtype=x.dtype)
             ops._launch_gemv(x, w, ops._NULL, y, M, "float16", sms, tiles=2, warps=warps, kdepth=2)
+# GEMVs compiled for their launch shape (what matmul runs on compute capability 9.0 for model-sized weights; the
+# CTAs of 6 and 7 blocks above already are), at small odd shapes, for several variants and warp counts
+arch = arch_of_device(0)
+for K, N, G in [(96, 72, 32), (328, 136, -1), (1024, 520, 128)]:
+    G = formats.resolve_group_size(G, K)
+    t = gemm_tensors(K, N, G)
+    w = awq_cupy.QuantizedWeight.from_gemm(t["qweight"], t["qzeros"], t["scales"], G, dtype="float16")
+    bias = cp.asarray(rng.standard_normal(N).astype(np.float16))
+    for M in (1, 9, 16):
+        x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
+        for tiles, kdepth, warps in ((None, None, None), (1, None, 3), (3, None, None), (4, None, 2), (2, 2, None)):
+            if kdepth == 2 and not ops.aligned_groups(G, K // G):
+                continue
+            p = ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, tiles=tiles, kdepth=kdepth, warps=warps)
+            y = cp.empty((M, N), dtype=x.dtype)
+            ops.gemv_kernel(w, p, "float16", arch, specialize=True).launch(
+                (p["grid"],), (32 * p["warps"],), ops.gemv_args(x, w, bias, y, M, p), smem=p["smem"],
+                pdl=ops.uses_pdl(arch))
 cp.cuda.Device().synchronize()
 print("sanitize cases done")

@@ -35,7 +35,8 @@
 // at the group's end, once per group (GA: groups of whole 64-k blocks, or one group) or per 32 k (G % 64 == 32).
 // Variants: T x (NB, TW) x GA, and (NB, 2) with KD = 2 (table: awq_cupy/kernels.py); W (warps per CTA) is a launch
 // parameter; THR and STG (launch bound, register stages) default to awq_gemv::Bounds of TW x KD blocks per unit and
-// are knobs for bench/gemv_stages.py.
+// are knobs for bench/gemv_stages.py. With AWQ_GEMV_SHAPE defined, a variant is compiled for one launch shape
+// (everything but M, x, y and the pointers fixed at compile time; sm_90, awq_cupy.ops.gemv_specializes).
 // Launched by awq_cupy.matmul.
 #include "common.cuh"
 
@@ -54,8 +55,10 @@ template <int NB, int TW, bool GA> struct Bounds {
 
 // AWQ_GEMV_TRACE (bench/gemv_trace.py only): thread 0 of each CTA writes %globaltimer at ten points (0..6: entry,
 // index arithmetic done, prologue loads issued, pdl_wait returned, first unit computed, main loop done, end; 7..9:
-// inside the index arithmetic), and lane 0 of each warp w at two more (12 + 2 w: its own loop done, 13 + 2 w: its
-// epilogue done), into `bias`, taken as u64 [grid][AWQ_TRACE_STRIDE]; no bias is added. Without it: no code.
+// inside the index arithmetic), lane 0 of a warp that sums a shared column group by itself at two (10: the sum
+// starts, 11: the sum is done, before its stores; the last such warp to write wins), and lane 0 of each warp w at
+// two more (12 + 2 w: its own loop done, 13 + 2 w: its epilogue done), into `bias`, taken as u64
+// [grid][AWQ_TRACE_STRIDE]; no bias is added. Without it: no code.
 #ifdef AWQ_GEMV_TRACE
 #define AWQ_TRACE_STRIDE 44
 #define AWQ_TRACE_AT(cond, j)                                                                         \
@@ -69,6 +72,7 @@ template <int NB, int TW, bool GA> struct Bounds {
 #define AWQ_TRACE(j) AWQ_TRACE_AT(threadIdx.x == 0, j)
 #define AWQ_TRACE_WARP(j) AWQ_TRACE_AT((threadIdx.x & 31) == 0, 12 + 2 * (threadIdx.x >> 5) + (j))
 #else
+#define AWQ_TRACE_AT(cond, j) do {} while (0)
 #define AWQ_TRACE(j) do {} while (0)
 #define AWQ_TRACE_WARP(j) do {} while (0)
 #endif
@@ -145,7 +149,17 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
   const T* bias = bias_in;
 #endif
   pdl_trigger();   // the next kernel may launch now: it waits for this one before it touches y or x
+#ifdef AWQ_GEMV_SHAPE
+  // Compiled for one launch shape (awq_cupy.kernels.gemv_shape_family; the arguments still arrive and must match):
+  // the index arithmetic folds to constants and the loop needs no parameter loads. H200: the first weights go out
+  // earlier, M = 1 sum over Mistral-7B 42.0 -> 40.6 us (bench/NOTES.md v31).
+  N = AWQ_GEMV_N; K = AWQ_GEMV_K; NT16 = AWQ_GEMV_NT16; KS = AWQ_GEMV_KS; G = AWQ_GEMV_G; NG = AWQ_GEMV_NG;
+  Np = AWQ_GEMV_NP;
+  fd_grid = AWQ_GEMV_FD_GRID; fd_w = AWQ_GEMV_FD_W; fd_kq = AWQ_GEMV_FD_KQ; fd_g = AWQ_GEMV_FD_G;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = AWQ_GEMV_W;
+#else
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
+#endif
   const int g8 = lane >> 2, t4 = lane & 3;
 
   // This CTA's 16-column blocks [b0, b0 + nblk), taken TW at a time, and this warp's units [u0, u1).
@@ -421,6 +435,7 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
       const int tl = (int)AWQ_GEMV_DIV(u1 - 1, KQ, fd_kq);
       if (tl * KQ >= u0 && (tl + 1) * KQ > u1) {
         const int w_hi = ((tl + 1) * KQ - 1) / U;
+        AWQ_TRACE_AT(lane == 0, 10);
         float v[TW][NB][4];
 #pragma unroll
         for (int i = 0; i < TW; ++i)
@@ -438,6 +453,7 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
               v[i][nb][0] += q.x; v[i][nb][1] += q.y; v[i][nb][2] += q.z; v[i][nb][3] += q.w;
             }
         }
+        AWQ_TRACE_AT(lane == 0, 11);
         store(tl, v);
       }
     }

@@ -177,6 +177,36 @@ def test_gemv_trace_build_compiles(tmp_path, monkeypatch):
     assert all(c.resources[n].spill_stores == 0 for n in names), c.resources
 
 
+def test_gemv_compiled_for_model_shapes_does_not_spill(tmp_path, monkeypatch):
+    """The GEMVs matmul compiles for a launch shape on sm_90 (ops.gemv_specializes) stay unspilled and within the
+    generic variant's registers, for the benchmark's layers (Mistral-7B, Llama-2-70B) at 1 and 16 tokens, fp16 and
+    bf16; and their trace builds (bench/gemv_trace.py) compile too."""
+    from awq_cupy import ops
+    from awq_cupy.bench import MODELS
+    from awq_cupy.layout import padded_sizes
+
+    monkeypatch.setenv("AWQ_CUPY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(jit, "_compiled", {})
+    arch = jit.ARCHS["90"]
+    generic = {}
+    for model in ("mistral-7b", "llama-2-70b"):
+        for name, K, N in MODELS[model]:
+            Kp, Np = padded_sizes(K, N)
+            for dtype in ("float16", "bfloat16"):
+                for M in (1, 16):
+                    p = ops.plan_gemv(M, K, N, 128, arch=arch, dtype=dtype)
+                    v = kernels.gemv_variant(dtype, p["token_blocks"], p["tiles"], p["aligned"], p["kdepth"])
+                    const = ops.gemv_shape_constants(N, K, p["NT16"], Kp // 64, 128, K // 128, Np, p["grid"],
+                                                     p["warps"], p["kdepth"])
+                    extra = (("AWQ_GEMV_TRACE", "1"),) if (model, name, M) == ("mistral-7b", "o", 1) else ()
+                    r = jit.compile_family(kernels.gemv_shape_family(v, const, p["warps"], extra), arch).resources[v]
+                    if v not in generic:
+                        generic[v] = jit.compile_family(kernels.GEMV_TC, arch).resources[v]
+                    what = f"{model} {name} M={M} {dtype} {v}: {r} (generic {generic[v]})"
+                    assert r.spill_stores == 0 and r.spill_loads == 0, what
+                    assert r.registers <= max(generic[v].registers, 65536 // (32 * p["warps"])), what
+
+
 def test_sass_loop_finds_the_tensor_core_loop():
     """bench/sass_loop.py (the loop comparison before device time) picks the longest backward branch with at least
     8 tensor-core instructions, not a longer loop without them nor a forward branch, and compares schedules with

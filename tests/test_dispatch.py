@@ -800,6 +800,60 @@ def test_gemv_args_follow_the_kernel_signature():
     assert p["kdepth"] == 2 and int(args[16]) == int(fastdiv(112))   # by units per column group: 224 blocks / 2
 
 
+@pytest.mark.parametrize("M,K,N,G", [(1, 4096, 28672, 128), (16, 14336, 4096, 128), (3, 1088, 4160, 64),
+                                     (9, 2112, 2000, 32), (1, 1000, 4200, -1)])
+def test_gemv_shape_constants_are_the_launch_arguments(M, K, N, G):
+    """A GEMV compiled for its launch shape takes as constants exactly the values gemv_args passes after M (the
+    kernel ignores those arguments then), and its family defines them under the kernel's names."""
+    import types
+
+    from awq_cupy import kernels
+    from awq_cupy.formats import resolve_group_size
+    from awq_cupy.layout import padded_sizes
+    from awq_cupy.ops import gemv_shape_constants
+
+    G = resolve_group_size(G, K)
+    Kp, Np = padded_sizes(K, N)
+    w = types.SimpleNamespace(qtiles="q", scales="s", zeros="z", N=N, K=K, KS=Kp // 64, group_size=G,
+                              NG=max(1, K // G), NT=Np // 64)
+    for warps in (None, 3):
+        p = plan_gemv(M, K, N, G, warps=warps)
+        const = gemv_shape_constants(N, K, p["NT16"], w.KS, G, w.NG, Np, p["grid"], p["warps"], p["kdepth"])
+        assert const == tuple(int(a) for a in gemv_args("x", w, "b", "y", M, p)[7:])
+        v = kernels.gemv_variant("float16", p["token_blocks"], p["tiles"], p["aligned"], p["kdepth"])
+        fam = kernels.gemv_shape_family(v, const, p["warps"])
+        d = dict(fam.defines)
+        assert d["AWQ_GEMV_SHAPE"] == "1" and d["AWQ_GEMV_W"] == str(p["warps"])
+        assert [d[f"AWQ_GEMV_{n}"] for n in kernels.GEMV_SHAPE_ARGS] == [
+            f"{c}ull" if n.startswith("FD_") else str(c) for n, c in zip(kernels.GEMV_SHAPE_ARGS, const)]
+        assert fam.variants(None) == (v,) and fam.source == kernels.GEMV_TC.source
+        assert kernels.gemv_shape_family(v, const, p["warps"]) is fam          # one family object per shape
+        other = kernels.gemv_shape_family(v, const[:-1] + (const[-1] + 1,), p["warps"])
+        assert other.name != fam.name
+    with pytest.raises(ValueError, match="11 arguments"):
+        kernels.gemv_shape_family(v, const[:-1], 4)
+
+
+def test_gemv_specializes_on_sm90_for_model_sized_weights(monkeypatch):
+    """Shape-compiled GEMVs: compute capability 9.0 only, from GEMV_SHAPE_MIN_WEIGHTS weights (auto), at any size
+    with AWQ_CUPY_GEMV_SHAPES=1, never with 0; another value is a clear error."""
+    from awq_cupy import jit
+    from awq_cupy.ops import GEMV_SHAPE_MIN_WEIGHTS, gemv_specializes
+
+    h100, a100 = jit.ARCHS["90"], jit.ARCHS["80"]
+    monkeypatch.delenv("AWQ_CUPY_GEMV_SHAPES", raising=False)
+    assert gemv_specializes(h100, 4096, 4096) and gemv_specializes(h100, 4096, GEMV_SHAPE_MIN_WEIGHTS // 4096)
+    assert not gemv_specializes(h100, 4096, GEMV_SHAPE_MIN_WEIGHTS // 4096 - 1)
+    assert not gemv_specializes(a100, 4096, 28672)
+    monkeypatch.setenv("AWQ_CUPY_GEMV_SHAPES", "1")
+    assert gemv_specializes(h100, 64, 16) and not gemv_specializes(a100, 4096, 28672)
+    monkeypatch.setenv("AWQ_CUPY_GEMV_SHAPES", "0")
+    assert not gemv_specializes(h100, 4096, 28672)
+    monkeypatch.setenv("AWQ_CUPY_GEMV_SHAPES", "yes")
+    with pytest.raises(ValueError, match="AWQ_CUPY_GEMV_SHAPES='yes'"):
+        gemv_specializes(h100, 4096, 4096)
+
+
 def test_x_tile_chunks_counts_the_tiles_and_refuses_what_32_bit_indices_cannot_hold():
     """ops.x_tile_chunks: ceil(M / BM) token tiles x ceil(K / 64) units x BM rows x 8 chunks, also past 2^31
     chunks (awq_tile_x_kernel's loop index is 64-bit); a ValueError naming the rows and K from 2^31 (token tile,

@@ -361,6 +361,43 @@ def test_gemv_is_deterministic_and_rows_are_independent(rng):
                 np.testing.assert_array_equal(a.view(np.uint16), rows[:M].view(np.uint16), err_msg=f"rows, M={M}")
 
 
+@pytest.mark.parametrize("K,N,G", [(4096, 4096, 128), (1088, 4160, 64), (2112, 2000, 32), (1000, 4200, -1),
+                                   (14400, 328, 96)])
+@pytest.mark.parametrize("kind", ["float16", "bfloat16"])
+def test_gemv_compiled_for_the_launch_shape(rng, K, N, G, kind):
+    """The GEMV compiled for one launch shape (ops.gemv_kernel with specialize=True; what matmul runs on compute
+    capability 9.0 for model-sized weights) gives bitwise the generic variant's result, and the reference's, for
+    every planned variant (pairs with two k blocks, threes, fours; G % 64 = 32; one group; N not a multiple of 64),
+    with and without a bias, at one and two token blocks and other warp counts. Runs on any GPU (the constants are
+    not arch-specific)."""
+    from awq_cupy import ops
+    from awq_cupy.jit import arch_of_device
+
+    Q, Z, S, G = random_layer(rng, K, N, G)
+    w = _weight(Q, Z, S, G, kind)
+    W64 = kernel_weight(Q, Z, S, G, kind, rounded=False)
+    bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
+    arch, sms = arch_of_device(0), ops._sm_count(0)
+    for M in (1, 5, 9, 16):
+        x = random_x(rng, M, K, kind)
+        xg = cp.asarray(x)
+        base = ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, dtype=kind)
+        for warps in sorted({base["warps"], 3}):
+            p = ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, dtype=kind, tiles=base["tiles"],
+                              kdepth=base["kdepth"], warps=warps)
+            for b in (None, bias):
+                ys = []
+                for spec in (False, True):
+                    y = cp.full((M, N), np.nan, dtype=xg.dtype)
+                    args = ops.gemv_args(xg, w, ops._NULL if b is None else cp.asarray(b), y, M, p)
+                    ops.gemv_kernel(w, p, kind, arch, specialize=spec).launch(
+                        (p["grid"],), (32 * p["warps"],), args, smem=p["smem"], pdl=ops.uses_pdl(arch))
+                    ys.append(y.get())
+                what = f"{K}x{N} G={G} M={M} warps={warps} bias={b is not None} {kind} {p}"
+                np.testing.assert_array_equal(ys[1].view(np.uint16), ys[0].view(np.uint16), err_msg=what)
+                assert_matmul_close(ys[1], x, W64, kind, bias=b, what=what)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The swapped GEMM (M > 12): every variant, forced split counts, awkward shapes
 # ---------------------------------------------------------------------------------------------------------------
