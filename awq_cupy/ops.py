@@ -520,17 +520,29 @@ def gemv_specializes(arch, K: int, N: int) -> bool:
 
 def gemv_kernel(w, plan: dict, kind: str, arch, specialize: bool | None = None):
     """The GEMV kernel for a plan_gemv ``plan`` of weight ``w``: compiled for its launch shape where
-    ``gemv_specializes`` (or ``specialize``) says so, else the generic variant."""
+    ``gemv_specializes`` (or ``specialize``) says so, else the generic variant. While the current stream captures
+    a CUDA graph, a launch shape not compiled and loaded yet takes the generic variant (bitwise the same result):
+    loading a module would invalidate the capture. Building a shape's kernel outside a capture therefore loads the
+    generic variant too."""
     from .kernels import gemv_variant, kernel
 
     v = gemv_variant(kind, plan["token_blocks"], plan["tiles"], plan["aligned"], plan["kdepth"])
     if gemv_specializes(arch, w.K, w.N) if specialize is None else specialize:
-        return _gemv_shape_kernel(v, w.N, w.K, plan["NT16"], w.KS, w.group_size, w.NG, w.NT * 64, plan["grid"],
-                                  plan["warps"], plan["kdepth"], w.device)
+        key = (v, w.N, w.K, plan["NT16"], w.KS, w.group_size, w.NG, w.NT * 64, plan["grid"], plan["warps"],
+               plan["kdepth"], w.device)
+        k = _gemv_shape_kernels.get(key)
+        if k is not None:
+            return k
+        if not _is_capturing():
+            kernel("gemv_tc", v, w.device)   # the fallback of a later capture, loaded now
+            k = _gemv_shape_kernels[key] = _gemv_shape_kernel(*key)
+            return k
     return kernel("gemv_tc", v, w.device)
 
 
-@functools.lru_cache(maxsize=4096)
+_gemv_shape_kernels: dict = {}   # (variant, shape, plan, device) -> loaded shape-compiled Kernel
+
+
 def _gemv_shape_kernel(variant, N, K, NT16, KS, G, NG, Np, grid, warps, kdepth, device):
     from .kernels import gemv_shape_family, get_kernel
 

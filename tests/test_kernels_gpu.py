@@ -643,6 +643,41 @@ def test_cuda_graph_capture_and_replay(rng):
         assert_matmul_close(y.get(), x_new, W64, "float16", what=f"graph replay M={M}")
 
 
+def test_capture_of_a_launch_shape_not_seen_yet(rng):
+    """Where matmul runs shape-compiled GEMVs (compute capability 9.0), a CUDA graph captured on a weight shape (and
+    token count) that has not run yet takes the generic GEMV, already loaded, instead of loading a new module
+    during the capture; the replay gives bitwise what the shape-compiled kernel gives afterwards, outside a
+    capture."""
+    from awq_cupy import ops
+    from awq_cupy.jit import arch_of_device
+
+    K, N = 4096, 1104                                   # this test's own shape: K x N above the threshold
+    if not ops.gemv_specializes(arch_of_device(0), K, N):
+        pytest.skip("matmul compiles GEMVs per launch shape on compute capability 9.0 only")
+    Q, Z, S, G = random_layer(rng, K, N, 128)
+    w = _weight(Q, Z, S, G, "float16")
+    warm = _weight(*random_layer(rng, K, 1040, 128)[:3], 128, "float16")
+    for M in (1, 16):
+        x = cp.asarray(random_x(rng, M, K, "float16"))
+        awq_cupy.matmul(x, warm)                      # the generic GEMV family is loaded; w's shape is not
+        plan = ops.plan_gemv(M, K, N, G, arch=arch_of_device(0), sm_count=ops._sm_count(0))
+        compiled_before = len(ops._gemv_shape_kernels)
+        y = cp.full((M, N), np.nan, dtype=cp.float16)
+        s = cp.cuda.Stream(non_blocking=True)
+        with s:
+            s.begin_capture()
+            awq_cupy.matmul(x, w, out=y)
+            g = s.end_capture()
+        assert len(ops._gemv_shape_kernels) == compiled_before, "a module was loaded during the capture"
+        g.launch(stream=s)
+        s.synchronize()
+        eager = awq_cupy.matmul(x, w)                 # now compiled for the shape
+        assert len(ops._gemv_shape_kernels) == compiled_before + 1, plan
+        np.testing.assert_array_equal(y.get().view(np.uint16), eager.get().view(np.uint16), err_msg=f"M={M}")
+        assert_matmul_close(eager.get(), x.get(), kernel_weight(Q, Z, S, G, "float16", rounded=False), "float16",
+                            what=f"M={M}")
+
+
 def test_chained_calls_with_programmatic_dependent_launch(rng, monkeypatch):
     """Each call reads the previous call's output directly (GEMV, mma.sync GEMM, wgmma GEMM with split-K): with
     programmatic dependent launch (sm_90) a kernel starts before its predecessor ends and must wait for it before
