@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 
 from .jit import Arch, KernelFamily, get_kernel
 
@@ -110,21 +111,33 @@ GEMV_TC = KernelFamily("gemv_tc", "gemv_tc.cu",
 GEMV_SHAPE_ARGS = ("N", "K", "NT16", "KS", "G", "NG", "NP", "FD_GRID", "FD_W", "FD_KQ", "FD_G")
 
 
-@functools.lru_cache(maxsize=4096)
-def gemv_shape_family(variant: str, shape_args: tuple[int, ...], warps: int,
-                      extra_defines: tuple[tuple[str, str], ...] = ()) -> KernelFamily:
+def gemv_shape_family(variant: str, shape_args: tuple, warps: int,
+                      extra_defines: tuple[tuple[str, str], ...] = (), tokens: int | None = None) -> KernelFamily:
     """The GEMV family with one variant, compiled for one launch shape: ``shape_args`` are the kernel's arguments
-    after M (``ops.gemv_shape_args``: N, K, NT16, KS, G, NG, Np and the four fast dividers, as ints) and ``warps``
-    its warps per CTA; the launch must pass the same values. One NVRTC compile (~0.3-0.5 s) per shape, then the
-    disk cache. ``extra_defines`` (e.g. AWQ_GEMV_TRACE) are added."""
+    after M (``ops.gemv_shape_args``: N, K, NT16, KS, G, NG, Np and the four fast dividers) and ``warps`` its
+    warps per CTA; ``tokens``, if given, fixes M as well (matmul: ops.GEMV_COMPILED_TOKENS). The launch must pass the same values.
+    One NVRTC compile (~0.3-0.5 s) per shape, then the disk cache. ``extra_defines`` (e.g. AWQ_GEMV_TRACE) are
+    added."""
     if len(shape_args) != len(GEMV_SHAPE_ARGS):
         raise ValueError(f"GEMV shape: {len(GEMV_SHAPE_ARGS)} arguments {GEMV_SHAPE_ARGS}, got {shape_args!r}")
     vals = tuple(int(v) for v in shape_args)
-    defines = (("AWQ_GEMV_SHAPE", "1"), ("AWQ_GEMV_W", str(int(warps)))) + tuple(
+    nb = re.match(r"awq_gemv_tc_kernel<[^,]+,\s*(\d+),", variant)
+    if tokens is not None and not (nb and 1 <= tokens <= 8 * int(nb.group(1))):
+        raise ValueError(f"GEMV tokens={tokens!r}: 1 to 8 per token block of variant {variant}")
+    return _gemv_shape_family(variant, vals, int(warps), tuple(extra_defines), tokens)
+
+
+@functools.lru_cache(maxsize=None)
+def _gemv_shape_family(variant, vals, warps, extra_defines, tokens) -> KernelFamily:
+    defines = (("AWQ_GEMV_SHAPE", "1"), ("AWQ_GEMV_W", str(warps))) + tuple(
         (f"AWQ_GEMV_{n}", f"{v}ull" if n.startswith("FD_") else str(v)) for n, v in zip(GEMV_SHAPE_ARGS, vals))
-    name = f"gemv_tc:{variant}:w{int(warps)}:" + "-".join(map(str, vals)) + "".join(f":{d}" for d, _ in extra_defines)
-    return dataclasses.replace(GEMV_TC, name=name, defines=defines + tuple(extra_defines),
+    if tokens is not None:
+        defines += (("AWQ_GEMV_M", str(tokens)),)
+    name = (f"gemv_tc:{variant}:w{warps}:" + "-".join(map(str, vals)) + (f":m{tokens}" if tokens else "")
+            + "".join(f":{d}" for d, _ in extra_defines))
+    return dataclasses.replace(GEMV_TC, name=name, defines=defines + extra_defines,
                                variants=lambda arch, v=variant: (v,))
+
 
 # Hopper warpgroup-MMA GEMM (kernels_cu/gemm_wg.cu, sm_90a only): (token blocks of 8 = wgmma N / 8, 16-column
 # blocks per warp, units in registers); 8 warps per CTA; GA as for the GEMV.

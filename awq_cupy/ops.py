@@ -493,8 +493,10 @@ def _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count, tiles=None, warps=None,
     arch = arch_of_device(w.device)
     p = plan_gemv(M, w.K, w.N, w.group_size, arch=arch, sm_count=sm_count, tiles=tiles, warps=warps,
                   dtype=kind, kdepth=kdepth)
-    gemv_kernel(w, p, kind, arch).launch((p["grid"],), (32 * p["warps"],), gemv_args(x2, w, bias_arg, y2, M, p),
-                                         smem=p["smem"], pdl=uses_pdl(arch))
+    shape = gemv_shape_args(w, p)
+    gemv_kernel(w, p, kind, arch, M, shape=shape).launch(
+        (p["grid"],), (32 * p["warps"],), gemv_args(x2, w, bias_arg, y2, M, p, shape), smem=p["smem"],
+        pdl=uses_pdl(arch))
 
 
 # Weights of at least this many elements (K x N) get a GEMV compiled for their launch shape (gemv_specializes).
@@ -518,46 +520,46 @@ def gemv_specializes(arch, K: int, N: int) -> bool:
     return mode == "1" or K * N >= GEMV_SHAPE_MIN_WEIGHTS
 
 
-def gemv_kernel(w, plan: dict, kind: str, arch, specialize: bool | None = None):
-    """The GEMV kernel for a plan_gemv ``plan`` of weight ``w``: compiled for its launch shape where
-    ``gemv_specializes`` (or ``specialize``) says so, else the generic variant. While the current stream captures
-    a CUDA graph, a launch shape not compiled and loaded yet takes the generic variant (bitwise the same result):
-    loading a module would invalidate the capture. Building a shape's kernel outside a capture therefore loads the
-    generic variant too."""
-    from .kernels import gemv_variant, kernel
+# Token counts that a shape-compiled GEMV is compiled for as well (AWQ_GEMV_M; H200, Mistral-7B sums, bench/NOTES.md
+# v32): M = 16 55.9 -> 55.0 us (fp16), 58.4 -> 58.0 (bf16), Llama-2-70B 169.1 -> 167.8. Not M = 1 (Mistral-7B fp16
+# +0.0 us, bf16 +0.2 to +0.3; Llama-2-70B -0.6 to -2.0) nor M = 8 (+0.0 to +0.1).
+GEMV_COMPILED_TOKENS = (16,)
+
+
+def gemv_kernel(w, plan: dict, kind: str, arch, M: int | None = None, specialize: bool | None = None,
+                shape: tuple | None = None):
+    """The GEMV kernel for a plan_gemv ``plan`` of weight ``w``: compiled for its launch shape (``shape``, by
+    default gemv_shape_args(w, plan)) where ``gemv_specializes`` (or ``specialize``) says so, and for the token count
+    M too where M is in GEMV_COMPILED_TOKENS; else the generic variant. While the current stream captures a CUDA graph, a launch shape not
+    compiled and loaded yet takes the generic variant (bitwise the same result): loading a module would invalidate
+    the capture. Building a shape's kernel outside a capture therefore loads the generic variant too."""
+    from .kernels import gemv_shape_family, gemv_variant, get_kernel, kernel
 
     v = gemv_variant(kind, plan["token_blocks"], plan["tiles"], plan["aligned"], plan["kdepth"])
     if gemv_specializes(arch, w.K, w.N) if specialize is None else specialize:
-        key = (v, w.N, w.K, plan["NT16"], w.KS, w.group_size, w.NG, w.NT * 64, plan["grid"], plan["warps"],
-               plan["kdepth"], w.device)
+        if shape is None:
+            shape = gemv_shape_args(w, plan)
+        tokens = M if M in GEMV_COMPILED_TOKENS else None
+        key = (v, shape, plan["warps"], tokens, w.device)   # what the kernel is compiled for
         k = _gemv_shape_kernels.get(key)
         if k is not None:
             return k
         if not _is_capturing():
             kernel("gemv_tc", v, w.device)   # the fallback of a later capture, loaded now
-            k = _gemv_shape_kernels[key] = _gemv_shape_kernel(*key)
+            fam = gemv_shape_family(v, shape, plan["warps"], tokens=tokens)
+            k = _gemv_shape_kernels[key] = get_kernel(fam, v, w.device)
             return k
     return kernel("gemv_tc", v, w.device)
 
 
-_gemv_shape_kernels: dict = {}   # (variant, shape, plan, device) -> loaded shape-compiled Kernel
+_gemv_shape_kernels: dict = {}   # (variant, shape arguments, warps, tokens or None, device) -> loaded Kernel
 
 
-def _gemv_shape_kernel(variant, N, K, NT16, KS, G, NG, Np, grid, warps, kdepth, device):
-    from .kernels import gemv_shape_family, get_kernel
-
-    shape = gemv_shape_constants(N, K, NT16, KS, G, NG, Np, grid, warps, kdepth)
-    return get_kernel(gemv_shape_family(variant, shape, warps), variant, device)
-
-
-def gemv_shape_constants(N, K, NT16, KS, G, NG, Np, grid, warps, kdepth) -> tuple[int, ...]:
-    """The values a shape-compiled GEMV fixes: gemv_shape_args' values as ints (a CPU test holds them equal)."""
-    return (N, K, NT16, KS, G, NG, Np) + tuple(int(d) for d in gemv_dividers(grid, NT16, warps, KS, G, kdepth))
-
-
-def gemv_args(x2, w, bias_arg, y2, M: int, plan: dict) -> tuple:
-    """awq_gemv_tc_kernel's argument list for a plan_gemv ``plan`` (also used by bench/gemv_trace.py)."""
-    return (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, as_i32(M)) + gemv_shape_args(w, plan)
+def gemv_args(x2, w, bias_arg, y2, M: int, plan: dict, shape: tuple | None = None) -> tuple:
+    """awq_gemv_tc_kernel's argument list for a plan_gemv ``plan`` (also used by bench/gemv_trace.py); ``shape``:
+    gemv_shape_args(w, plan), if the caller has it already."""
+    return (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, as_i32(M)) + (
+        gemv_shape_args(w, plan) if shape is None else shape)
 
 
 def gemv_shape_args(w, plan: dict) -> tuple:

@@ -51,10 +51,9 @@ for name, K, N in MODELS[model]:
             p = ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, tiles=tw, warps=wp)
             v = kernels.gemv_variant("float16", p["token_blocks"], p["tiles"], p["aligned"], p["kdepth"])
             if ops.gemv_specializes(arch, K, N):   # the shape-compiled kernel that matmul runs
-                w0 = wq[0]
-                fam = kernels.gemv_shape_family(v, ops.gemv_shape_constants(
-                    N, K, p["NT16"], w0.KS, w0.group_size, w0.NG, w0.NT * 64, p["grid"], p["warps"], p["kdepth"]),
-                    p["warps"], (("AWQ_GEMV_TRACE", "1"),))
+                fam = kernels.gemv_shape_family(v, ops.gemv_shape_args(wq[0], p), p["warps"],
+                                                (("AWQ_GEMV_TRACE", "1"),),
+                                                tokens=M if M in ops.GEMV_COMPILED_TOKENS else None)
                 k = get_kernel(dataclasses.replace(fam, source=FAM.source), v)
             else:
                 k = get_kernel(FAM, v)

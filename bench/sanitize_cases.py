@@ -85,7 +85,7 @@ for G in (64, 32):
             y = cp.empty((M, N), dtype=x.dtype)
             ops._launch_gemv(x, w, ops._NULL, y, M, "float16", sms, tiles=2, warps=warps, kdepth=2)
 # GEMVs compiled for their launch shape (what matmul runs on compute capability 9.0 for model-sized weights; the
-# CTAs of 6 and 7 blocks above already are), at small odd shapes, for several variants and warp counts
+# CTAs of 6 and 7 blocks above already are; at M = 1 for that token count too), at small odd shapes, for several variants and warp counts
 arch = arch_of_device(0)
 for K, N, G in [(96, 72, 32), (328, 136, -1), (1024, 520, 128)]:
     G = formats.resolve_group_size(G, K)
@@ -99,7 +99,7 @@ for K, N, G in [(96, 72, 32), (328, 136, -1), (1024, 520, 128)]:
                 continue
             p = ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, tiles=tiles, kdepth=kdepth, warps=warps)
             y = cp.empty((M, N), dtype=x.dtype)
-            ops.gemv_kernel(w, p, "float16", arch, specialize=True).launch(
+            ops.gemv_kernel(w, p, "float16", arch, M, specialize=True).launch(
                 (p["grid"],), (32 * p["warps"],), ops.gemv_args(x, w, bias, y, M, p), smem=p["smem"],
                 pdl=ops.uses_pdl(arch))
 cp.cuda.Device().synchronize()

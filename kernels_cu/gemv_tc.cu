@@ -156,6 +156,9 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
   N = AWQ_GEMV_N; K = AWQ_GEMV_K; NT16 = AWQ_GEMV_NT16; KS = AWQ_GEMV_KS; G = AWQ_GEMV_G; NG = AWQ_GEMV_NG;
   Np = AWQ_GEMV_NP;
   fd_grid = AWQ_GEMV_FD_GRID; fd_w = AWQ_GEMV_FD_W; fd_kq = AWQ_GEMV_FD_KQ; fd_g = AWQ_GEMV_FD_G;
+#ifdef AWQ_GEMV_M
+  M = AWQ_GEMV_M;   // and for one token count (matmul: M = 16): the token predicates fold (M = 16 -0.9 us, v32)
+#endif
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = AWQ_GEMV_W;
 #else
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;

@@ -179,8 +179,10 @@ def test_gemv_trace_build_compiles(tmp_path, monkeypatch):
 
 def test_gemv_compiled_for_model_shapes_does_not_spill(tmp_path, monkeypatch):
     """The GEMVs matmul compiles for a launch shape on sm_90 (ops.gemv_specializes) stay unspilled and within the
-    generic variant's registers, for the benchmark's layers (Mistral-7B, Llama-2-70B) at 1 and 16 tokens, fp16 and
-    bf16; and their trace builds (bench/gemv_trace.py) compile too."""
+    generic variant's registers, for the benchmark's layers (Mistral-7B, Llama-2-70B) at 1 and 16 tokens (compiled
+    for M = 16 too), fp16 and bf16; and their trace builds (bench/gemv_trace.py) compile too."""
+    import types
+
     from awq_cupy import ops
     from awq_cupy.bench import MODELS
     from awq_cupy.layout import padded_sizes
@@ -196,10 +198,11 @@ def test_gemv_compiled_for_model_shapes_does_not_spill(tmp_path, monkeypatch):
                 for M in (1, 16):
                     p = ops.plan_gemv(M, K, N, 128, arch=arch, dtype=dtype)
                     v = kernels.gemv_variant(dtype, p["token_blocks"], p["tiles"], p["aligned"], p["kdepth"])
-                    const = ops.gemv_shape_constants(N, K, p["NT16"], Kp // 64, 128, K // 128, Np, p["grid"],
-                                                     p["warps"], p["kdepth"])
+                    w = types.SimpleNamespace(N=N, K=K, KS=Kp // 64, group_size=128, NG=K // 128, NT=Np // 64)
                     extra = (("AWQ_GEMV_TRACE", "1"),) if (model, name, M) == ("mistral-7b", "o", 1) else ()
-                    r = jit.compile_family(kernels.gemv_shape_family(v, const, p["warps"], extra), arch).resources[v]
+                    fam = kernels.gemv_shape_family(v, ops.gemv_shape_args(w, p), p["warps"], extra,
+                                                    tokens=M if M in ops.GEMV_COMPILED_TOKENS else None)
+                    r = jit.compile_family(fam, arch).resources[v]
                     if v not in generic:
                         generic[v] = jit.compile_family(kernels.GEMV_TC, arch).resources[v]
                     what = f"{model} {name} M={M} {dtype} {v}: {r} (generic {generic[v]})"

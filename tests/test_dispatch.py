@@ -802,15 +802,16 @@ def test_gemv_args_follow_the_kernel_signature():
 
 @pytest.mark.parametrize("M,K,N,G", [(1, 4096, 28672, 128), (16, 14336, 4096, 128), (3, 1088, 4160, 64),
                                      (9, 2112, 2000, 32), (1, 1000, 4200, -1)])
-def test_gemv_shape_constants_are_the_launch_arguments(M, K, N, G):
+def test_gemv_shape_family_defines_the_launch_arguments(M, K, N, G):
     """A GEMV compiled for its launch shape takes as constants exactly the values gemv_args passes after M (the
-    kernel ignores those arguments then), and its family defines them under the kernel's names."""
+    kernel ignores those arguments then), under the kernel's names; with ``tokens`` M too (AWQ_GEMV_M), 1 to 8 per
+    token block of the variant."""
     import types
 
     from awq_cupy import kernels
     from awq_cupy.formats import resolve_group_size
     from awq_cupy.layout import padded_sizes
-    from awq_cupy.ops import gemv_shape_constants
+    from awq_cupy.ops import gemv_shape_args
 
     G = resolve_group_size(G, K)
     Kp, Np = padded_sizes(K, N)
@@ -818,20 +819,26 @@ def test_gemv_shape_constants_are_the_launch_arguments(M, K, N, G):
                               NG=max(1, K // G), NT=Np // 64)
     for warps in (None, 3):
         p = plan_gemv(M, K, N, G, warps=warps)
-        const = gemv_shape_constants(N, K, p["NT16"], w.KS, G, w.NG, Np, p["grid"], p["warps"], p["kdepth"])
-        assert const == tuple(int(a) for a in gemv_args("x", w, "b", "y", M, p)[7:])
+        shape = gemv_shape_args(w, p)
+        assert gemv_args("x", w, "b", "y", M, p)[7:] == shape == gemv_args("x", w, "b", "y", M, p, shape)[7:]
         v = kernels.gemv_variant("float16", p["token_blocks"], p["tiles"], p["aligned"], p["kdepth"])
-        fam = kernels.gemv_shape_family(v, const, p["warps"])
+        fam = kernels.gemv_shape_family(v, shape, p["warps"])
         d = dict(fam.defines)
-        assert d["AWQ_GEMV_SHAPE"] == "1" and d["AWQ_GEMV_W"] == str(p["warps"])
+        assert d["AWQ_GEMV_SHAPE"] == "1" and d["AWQ_GEMV_W"] == str(p["warps"]) and "AWQ_GEMV_M" not in d
         assert [d[f"AWQ_GEMV_{n}"] for n in kernels.GEMV_SHAPE_ARGS] == [
-            f"{c}ull" if n.startswith("FD_") else str(c) for n, c in zip(kernels.GEMV_SHAPE_ARGS, const)]
+            f"{int(c)}ull" if n.startswith("FD_") else str(int(c)) for n, c in zip(kernels.GEMV_SHAPE_ARGS, shape)]
         assert fam.variants(None) == (v,) and fam.source == kernels.GEMV_TC.source
-        assert kernels.gemv_shape_family(v, const, p["warps"]) is fam          # one family object per shape
-        other = kernels.gemv_shape_family(v, const[:-1] + (const[-1] + 1,), p["warps"])
+        assert kernels.gemv_shape_family(v, tuple(int(c) for c in shape), p["warps"]) is fam   # one per shape
+        other = kernels.gemv_shape_family(v, shape[:-1] + (int(shape[-1]) + 1,), p["warps"])
         assert other.name != fam.name
+        one = kernels.gemv_shape_family(v, shape, p["warps"], tokens=1)
+        assert dict(one.defines)["AWQ_GEMV_M"] == "1" and one.name != fam.name
+        assert kernels.gemv_shape_family(v, shape, p["warps"], tokens=8 * p["token_blocks"]) is not one
+        for bad in (0, 8 * p["token_blocks"] + 1):
+            with pytest.raises(ValueError, match=f"tokens={bad}"):
+                kernels.gemv_shape_family(v, shape, p["warps"], tokens=bad)
     with pytest.raises(ValueError, match="11 arguments"):
-        kernels.gemv_shape_family(v, const[:-1], 4)
+        kernels.gemv_shape_family(v, shape[:-1], 4)
 
 
 def test_gemv_specializes_on_sm90_for_model_sized_weights(monkeypatch):
@@ -852,6 +859,54 @@ def test_gemv_specializes_on_sm90_for_model_sized_weights(monkeypatch):
     monkeypatch.setenv("AWQ_CUPY_GEMV_SHAPES", "yes")
     with pytest.raises(ValueError, match="AWQ_CUPY_GEMV_SHAPES='yes'"):
         gemv_specializes(h100, 4096, 4096)
+
+
+def test_gemv_kernel_compiles_per_launch_shape_and_token_count(monkeypatch):
+    """ops.gemv_kernel (matmul's choice, no GPU needed to check it): on compute capability 9.0 a model-sized weight
+    gets a kernel compiled for its launch arguments (gemv_shape_args), one more for each token count of
+    GEMV_COMPILED_TOKENS (M = 16), one per (shape, token count) and cached; a small weight, another arch or a capture
+    take the generic variant, which is loaded first as a capture's fallback."""
+    import types
+
+    from awq_cupy import jit, kernels, ops
+
+    assert ops.GEMV_COMPILED_TOKENS == (16,)
+    loaded = []
+    monkeypatch.setattr(kernels, "get_kernel", lambda fam, v, dev=None: loaded.append((fam, v)) or (fam.name, v))
+    monkeypatch.setattr(kernels, "kernel", lambda name, v, dev=None: loaded.append((name, v)) or (name, v))
+    monkeypatch.setattr(ops, "_gemv_shape_kernels", {})
+    monkeypatch.setattr(ops, "_is_capturing", lambda: False)
+    monkeypatch.delenv("AWQ_CUPY_GEMV_SHAPES", raising=False)
+    h100 = jit.ARCHS["90"]
+    K, N = 4096, 6144
+    w = types.SimpleNamespace(N=N, K=K, KS=K // 64, group_size=128, NG=K // 128, NT=N // 64, device=0)
+    names = {}
+    for M in (1, 2, 16, 12, 1, 16):
+        p = plan_gemv(M, K, N, 128, arch=h100)
+        before = len(loaded)
+        names[M] = ops.gemv_kernel(w, p, "float16", h100, M)[0]
+        if len(loaded) > before:   # a first build: the generic variant, then the shape's kernel
+            v = kernels.gemv_variant("float16", p["token_blocks"], p["tiles"], p["aligned"], p["kdepth"])
+            assert loaded[before] == ("gemv_tc", v) and len(loaded) == before + 2
+            d = dict(loaded[-1][0].defines)
+            assert [d[f"AWQ_GEMV_{n}"].rstrip("ul") for n in kernels.GEMV_SHAPE_ARGS] == [
+                str(int(a)) for a in ops.gemv_shape_args(w, p)]
+            assert d.get("AWQ_GEMV_M") == ("16" if M == 16 else None), (M, d)
+    assert len(loaded) == 6 and len(ops._gemv_shape_kernels) == 3    # M = 1 (also M = 2), 12, 16: once each
+    assert names[1] == names[2] and names[12] != names[16] and names[16].startswith("gemv_tc:")
+    assert names[16].endswith(":m16") and not names[12].endswith(":m16")
+    small = types.SimpleNamespace(N=64, K=128, KS=2, group_size=128, NG=1, NT=1, device=0)
+    p = plan_gemv(1, 128, 64, 128, arch=h100)
+    assert ops.gemv_kernel(small, p, "float16", h100, 1)[0] == "gemv_tc"
+    assert ops.gemv_kernel(w, plan_gemv(1, K, N, 128, arch=jit.ARCHS["80"]), "float16", jit.ARCHS["80"], 1)[0] \
+        == "gemv_tc"
+    monkeypatch.setattr(ops, "_is_capturing", lambda: True)
+    p = plan_gemv(4, K, N, 128, arch=h100)
+    assert ops.gemv_kernel(w, p, "float16", h100, 4)[0] == names[1]            # M = 1's launch shape, built
+    w2 = types.SimpleNamespace(**{**vars(w), "N": 4096, "NT": 64})
+    p = plan_gemv(16, K, 4096, 128, arch=h100)
+    assert ops.gemv_kernel(w2, p, "float16", h100, 16)[0] == "gemv_tc"         # not built yet: the fallback
+    assert ops.gemv_kernel(w, plan_gemv(16, K, N, 128, arch=h100), "float16", h100, 16)[0] == names[16]
 
 
 def test_x_tile_chunks_counts_the_tiles_and_refuses_what_32_bit_indices_cannot_hold():

@@ -366,10 +366,10 @@ def test_gemv_is_deterministic_and_rows_are_independent(rng):
 @pytest.mark.parametrize("kind", ["float16", "bfloat16"])
 def test_gemv_compiled_for_the_launch_shape(rng, K, N, G, kind):
     """The GEMV compiled for one launch shape (ops.gemv_kernel with specialize=True; what matmul runs on compute
-    capability 9.0 for model-sized weights) gives bitwise the generic variant's result, and the reference's, for
-    every planned variant (pairs with two k blocks, threes, fours; G % 64 = 32; one group; N not a multiple of 64),
-    with and without a bias, at one and two token blocks and other warp counts. Runs on any GPU (the constants are
-    not arch-specific)."""
+    capability 9.0 for model-sized weights; at M = 1 compiled for that token count too) gives bitwise the generic
+    variant's result, and the reference's, for every planned variant (pairs with two k blocks, threes, fours;
+    G % 64 = 32; one group; N not a multiple of 64), with and without a bias, at one and two token blocks and other
+    warp counts. Runs on any GPU (the constants are not arch-specific)."""
     from awq_cupy import ops
     from awq_cupy.jit import arch_of_device
 
@@ -390,7 +390,7 @@ def test_gemv_compiled_for_the_launch_shape(rng, K, N, G, kind):
                 for spec in (False, True):
                     y = cp.full((M, N), np.nan, dtype=xg.dtype)
                     args = ops.gemv_args(xg, w, ops._NULL if b is None else cp.asarray(b), y, M, p)
-                    ops.gemv_kernel(w, p, kind, arch, specialize=spec).launch(
+                    ops.gemv_kernel(w, p, kind, arch, M, specialize=spec).launch(
                         (p["grid"],), (32 * p["warps"],), args, smem=p["smem"], pdl=ops.uses_pdl(arch))
                     ys.append(y.get())
                 what = f"{K}x{N} G={G} M={M} warps={warps} bias={b is not None} {kind} {p}"
