@@ -6,11 +6,12 @@ Per layer and plan, medians over the calls, in ns relative to the end of the pre
 last CTA start, then the timeline of the CTA that ends last (the critical path): entry, index arithmetic done,
 prologue loads issued, pdl_wait returned, first unit computed (warp 0), main loop done (all warps), end; and three
 points inside the index arithmetic (CTA's blocks, warp's units, load cursor); then, for that CTA's warps, when
-their loops end (earliest, latest, which warp) and the longest epilogue after the last loop (medians; which warp,
-the median of the call's warp indices), and where a warp sums a shared column group by itself, when that sum starts
-and is done (before its stores), also after the last loop. Where matmul runs a GEMV compiled for the layer's launch
-shape (ops.gemv_specializes), that is the kernel traced. TRACE_SOURCE=gemv_tc_ab.cu traces that file's kernel
-instead (prepared as for bench/gemv_ab.py), to compare two versions' timelines.
+their loops end (earliest, latest, which warp; and each warp's, in warp order) and the longest epilogue after the
+last loop (medians; which warp, the median of the call's warp indices), and where a warp sums a shared column
+group by itself, when that sum starts and is done (before its stores), also after the last loop. Where matmul runs
+a GEMV compiled for the layer's launch shape (ops.gemv_specializes), that is the kernel traced. TRACE_SOURCE=
+gemv_tc_ab.cu traces that file's kernel instead (prepared as for bench/gemv_ab.py), to compare two versions'
+timelines.
 """
 import dataclasses
 import os
@@ -69,7 +70,7 @@ for name, K, N in MODELS[model]:
                 call(i)
             cp.cuda.get_current_stream().synchronize()
             t = trace.get().astype(np.int64)
-            rows, warps = [], []
+            rows, warps, per_warp = [], [], []
             W = p["warps"]
             for c in range(8, CALLS):            # skip the first calls (the spin's end, the queue's start)
                 ref = t[c - 1, :, 6].max()
@@ -77,6 +78,7 @@ for name, K, N in MODELS[model]:
                 rows.append([t[c, :, 0].min() - ref, t[c, :, 0].max() - ref] + list(t[c, last, :10] - ref))
                 loop_done = t[c, last, 12:12 + 2 * W:2] - ref     # per warp of the last CTA
                 epi_done = t[c, last, 13:13 + 2 * W:2] - ref
+                per_warp.append(loop_done)
                 own = [t[c, last, j] - ref - loop_done.max() if t[c, last, j] else np.nan for j in (10, 11)]
                 warps.append([loop_done.min(), loop_done.max(), int(np.argmax(loop_done)),
                               (epi_done - loop_done.max()).max(), int(np.argmax(epi_done))] + own)
@@ -89,5 +91,7 @@ for name, K, N in MODELS[model]:
                   + " ".join(f"{n} {v:6.0f}" for n, v in zip(POINTS, med[2:])), flush=True)
             print(f"{'':8s}   its warps: loops done {wmed[0]:6.0f}..{wmed[1]:6.0f} (last: warp {wmed[2]:.0f}), "
                   f"longest epilogue after the last loop {wmed[3]:6.0f} (warp {wmed[4]:.0f}){own}", flush=True)
+            by_warp = np.median(np.array(per_warp), axis=0)
+            print(f"{'':8s}   loop done by warp: " + " ".join(f"{v:.0f}" for v in by_warp), flush=True)
     wq = None
     cp.get_default_memory_pool().free_all_blocks()

@@ -638,6 +638,7 @@ def test_cuda_graph_capture_and_replay(rng):
         y.fill(np.nan)
         x_new = random_x(rng, M, K, "float16")
         x.set(x_new)
+        cp.cuda.get_current_stream().synchronize()   # s does not wait for the null stream's fill and copy
         g.launch(stream=s)
         s.synchronize()
         assert_matmul_close(y.get(), x_new, W64, "float16", what=f"graph replay M={M}")
@@ -669,6 +670,7 @@ def test_capture_of_a_launch_shape_not_seen_yet(rng):
             awq_cupy.matmul(x, w, out=y)
             g = s.end_capture()
         assert len(ops._gemv_shape_kernels) == compiled_before, "a module was loaded during the capture"
+        cp.cuda.get_current_stream().synchronize()   # s does not wait for the null stream's fill of y
         g.launch(stream=s)
         s.synchronize()
         eager = awq_cupy.matmul(x, w)                 # now compiled for the shape
@@ -719,6 +721,7 @@ def test_chained_calls_with_programmatic_dependent_launch(rng, monkeypatch):
             g = s.end_capture()
         for y in ys:
             y.fill(np.nan)
+        cp.cuda.get_current_stream().synchronize()   # s does not wait for the null stream's fills
         g.launch(stream=s)
         s.synchronize()
         np.testing.assert_array_equal(ys[-1].get().view(np.uint16), off[-1].view(np.uint16),
