@@ -520,19 +520,20 @@ def gemv_specializes(arch, K: int, N: int) -> bool:
     return mode == "1" or K * N >= GEMV_SHAPE_MIN_WEIGHTS
 
 
-# Token counts that a shape-compiled GEMV is compiled for as well (AWQ_GEMV_M; H200, Mistral-7B sums, bench/NOTES.md
-# v32): M = 16 55.9 -> 55.0 us (fp16), 58.4 -> 58.0 (bf16), Llama-2-70B 169.1 -> 167.8. Not M = 1 (Mistral-7B fp16
-# +0.0 us, bf16 +0.2 to +0.3; Llama-2-70B -0.6 to -2.0) nor M = 8 (+0.0 to +0.1).
+# Token counts that a shape-compiled GEMV is compiled for as well (AWQ_GEMV_M; H200, Mistral-7B sums,
+# bench/NOTES.md v32): M = 16 55.9 -> 55.0 us (fp16), 58.4 -> 58.0 (bf16), Llama-2-70B 169.1 -> 167.8. Not M = 1
+# (Mistral-7B fp16 +0.0 us, bf16 +0.2 to +0.3; Llama-2-70B -0.6 to -2.0) nor M = 8 (+0.0 to +0.1).
 GEMV_COMPILED_TOKENS = (16,)
 
 
 def gemv_kernel(w, plan: dict, kind: str, arch, M: int | None = None, specialize: bool | None = None,
                 shape: tuple | None = None):
     """The GEMV kernel for a plan_gemv ``plan`` of weight ``w``: compiled for its launch shape (``shape``, by
-    default gemv_shape_args(w, plan)) where ``gemv_specializes`` (or ``specialize``) says so, and for the token count
-    M too where M is in GEMV_COMPILED_TOKENS; else the generic variant. While the current stream captures a CUDA graph, a launch shape not
-    compiled and loaded yet takes the generic variant (bitwise the same result): loading a module would invalidate
-    the capture. Building a shape's kernel outside a capture therefore loads the generic variant too."""
+    default gemv_shape_args(w, plan)) where ``gemv_specializes`` (or ``specialize``) says so, and for the token
+    count M too where M is in GEMV_COMPILED_TOKENS; else the generic variant. While the current stream captures a
+    CUDA graph, a launch shape not compiled and loaded yet takes the generic variant (bitwise the same result):
+    loading a module would invalidate the capture. Building a shape's kernel outside a capture therefore loads the
+    generic variant too."""
     from .kernels import gemv_shape_family, gemv_variant, get_kernel, kernel
 
     v = gemv_variant(kind, plan["token_blocks"], plan["tiles"], plan["aligned"], plan["kdepth"])
