@@ -115,7 +115,7 @@ def gemv_shape_family(variant: str, shape_args: tuple, warps: int,
                       extra_defines: tuple[tuple[str, str], ...] = (), tokens: int | None = None) -> KernelFamily:
     """The GEMV family with one variant, compiled for one launch shape: ``shape_args`` are the kernel's arguments
     after M (``ops.gemv_shape_args``: N, K, NT16, KS, G, NG, Np and the four fast dividers) and ``warps`` its
-    warps per CTA; ``tokens``, if given, fixes M as well (matmul: ops.GEMV_COMPILED_TOKENS). The launch must pass
+    warps per CTA; ``tokens``, if given, fixes M as well (matmul: ops.gemv_compiled_tokens). The launch must pass
     the same values. One NVRTC compile (~0.3-0.5 s) per shape, then the disk cache. ``extra_defines`` (e.g.
     AWQ_GEMV_TRACE) are added. One family object per distinct set of values (cached)."""
     if len(shape_args) != len(GEMV_SHAPE_ARGS):

@@ -520,17 +520,24 @@ def gemv_specializes(arch, K: int, N: int) -> bool:
     return mode == "1" or K * N >= GEMV_SHAPE_MIN_WEIGHTS
 
 
-# Token counts that a shape-compiled GEMV is compiled for as well (AWQ_GEMV_M; H200, Mistral-7B sums,
-# bench/NOTES.md v32): M = 16 55.9 -> 55.0 us (fp16), 58.4 -> 58.0 (bf16), Llama-2-70B 169.1 -> 167.8. Not M = 1
-# (Mistral-7B fp16 +0.0 us, bf16 +0.2 to +0.3; Llama-2-70B -0.6 to -2.0) nor M = 8 (+0.0 to +0.1).
-GEMV_COMPILED_TOKENS = (16,)
+# The token counts a shape-compiled GEMV is compiled for as well (AWQ_GEMV_M; H200, bench/NOTES.md v32, outputs the
+# same bits). M = 16: every benchmark layer, Mistral-7B sum 55.9 -> 55.0 us (fp16), 58.4 -> 58.0 (bf16), Llama-2-70B
+# 169.1 -> 167.8. M = 1: a fixed cost of ~0.1-0.2 us per call against ~1% off the loop, so only for weights of at
+# least GEMV_M1_MIN_WEIGHTS elements (Mistral-7B gate_up -0.2 us, Llama-2-70B's layers -0.1 to -1.1; below it
+# Mistral-7B qkv +0.2, o +0.1, down +0.1). Not M = 8 (+0.0 to +0.1).
+GEMV_M1_MIN_WEIGHTS = 1 << 26
+
+
+def gemv_compiled_tokens(M: int | None, K: int, N: int) -> int | None:
+    """The token count a shape-compiled GEMV for M rows of a K x N weight is compiled for too, or None."""
+    return M if M == 16 or (M == 1 and K * N >= GEMV_M1_MIN_WEIGHTS) else None
 
 
 def gemv_kernel(w, plan: dict, kind: str, arch, M: int | None = None, specialize: bool | None = None,
                 shape: tuple | None = None):
     """The GEMV kernel for a plan_gemv ``plan`` of weight ``w``: compiled for its launch shape (``shape``, by
     default gemv_shape_args(w, plan)) where ``gemv_specializes`` (or ``specialize``) says so, and for the token
-    count M too where M is in GEMV_COMPILED_TOKENS; else the generic variant. While the current stream captures a
+    count M too where gemv_compiled_tokens says so; else the generic variant. While the current stream captures a
     CUDA graph, a launch shape not compiled and loaded yet takes the generic variant (bitwise the same result):
     loading a module would invalidate the capture. Building a shape's kernel outside a capture therefore loads the
     generic variant too."""
@@ -540,7 +547,7 @@ def gemv_kernel(w, plan: dict, kind: str, arch, M: int | None = None, specialize
     if gemv_specializes(arch, w.K, w.N) if specialize is None else specialize:
         if shape is None:
             shape = gemv_shape_args(w, plan)
-        tokens = M if M in GEMV_COMPILED_TOKENS else None
+        tokens = gemv_compiled_tokens(M, w.K, w.N)
         key = (v, shape, plan["warps"], tokens, w.device)   # what the kernel is compiled for
         k = _gemv_shape_kernels.get(key)
         if k is not None:

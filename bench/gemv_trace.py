@@ -54,7 +54,7 @@ for name, K, N in MODELS[model]:
             if ops.gemv_specializes(arch, K, N):   # the shape-compiled kernel that matmul runs
                 fam = kernels.gemv_shape_family(v, ops.gemv_shape_args(wq[0], p), p["warps"],
                                                 (("AWQ_GEMV_TRACE", "1"),),
-                                                tokens=M if M in ops.GEMV_COMPILED_TOKENS else None)
+                                                tokens=ops.gemv_compiled_tokens(M, K, N))
                 k = get_kernel(dataclasses.replace(fam, source=FAM.source), v)
             else:
                 k = get_kernel(FAM, v)

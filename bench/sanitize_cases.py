@@ -85,8 +85,9 @@ for G in (64, 32):
             y = cp.empty((M, N), dtype=x.dtype)
             ops._launch_gemv(x, w, ops._NULL, y, M, "float16", sms, tiles=2, warps=warps, kdepth=2)
 # GEMVs compiled for their launch shape (what matmul runs on compute capability 9.0 for model-sized weights; the
-# CTAs of 6 and 7 blocks above already are; at M = 16 for that token count too), at small odd shapes, for several
-# variants and warp counts
+# CTAs of 6 and 7 blocks above already are; at M = 1 and 16 for that token count too, M = 1 here at every size), at
+# small odd shapes, for several variants and warp counts
+ops.GEMV_M1_MIN_WEIGHTS = 0
 arch = arch_of_device(0)
 for K, N, G in [(96, 72, 32), (328, 136, -1), (1024, 520, 128)]:
     G = formats.resolve_group_size(G, K)

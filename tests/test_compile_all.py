@@ -180,7 +180,8 @@ def test_gemv_trace_build_compiles(tmp_path, monkeypatch):
 def test_gemv_compiled_for_model_shapes_does_not_spill(tmp_path, monkeypatch):
     """The GEMVs matmul compiles for a launch shape on sm_90 (ops.gemv_specializes) stay unspilled and within the
     generic variant's registers, for the benchmark's layers (Mistral-7B, Llama-2-70B) at 1 and 16 tokens (compiled
-    for M = 16 too), fp16 and bf16; and their trace builds (bench/gemv_trace.py) compile too."""
+    for the token count too where ops.gemv_compiled_tokens says so), fp16 and bf16; and their trace builds
+    (bench/gemv_trace.py) compile too."""
     import types
 
     from awq_cupy import ops
@@ -201,7 +202,7 @@ def test_gemv_compiled_for_model_shapes_does_not_spill(tmp_path, monkeypatch):
                     w = types.SimpleNamespace(N=N, K=K, KS=Kp // 64, group_size=128, NG=K // 128, NT=Np // 64)
                     extra = (("AWQ_GEMV_TRACE", "1"),) if (model, name, M) == ("mistral-7b", "o", 1) else ()
                     fam = kernels.gemv_shape_family(v, ops.gemv_shape_args(w, p), p["warps"], extra,
-                                                    tokens=M if M in ops.GEMV_COMPILED_TOKENS else None)
+                                                    tokens=ops.gemv_compiled_tokens(M, K, N))
                     r = jit.compile_family(fam, arch).resources[v]
                     if v not in generic:
                         generic[v] = jit.compile_family(kernels.GEMV_TC, arch).resources[v]

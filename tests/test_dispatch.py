@@ -863,14 +863,16 @@ def test_gemv_specializes_on_sm90_for_model_sized_weights(monkeypatch):
 
 def test_gemv_kernel_compiles_per_launch_shape_and_token_count(monkeypatch):
     """ops.gemv_kernel (matmul's choice, no GPU needed to check it): on compute capability 9.0 a model-sized weight
-    gets a kernel compiled for its launch arguments (gemv_shape_args), one more for each token count of
-    GEMV_COMPILED_TOKENS (M = 16), one per (shape, token count) and cached; a small weight, another arch or a capture
-    take the generic variant, which is loaded first as a capture's fallback."""
+    gets a kernel compiled for its launch arguments (gemv_shape_args), one more for M = 16 (and for M = 1 from
+    GEMV_M1_MIN_WEIGHTS elements: gemv_compiled_tokens), one per (shape, token count) and cached; a small weight,
+    another arch or a capture take the generic variant, which is loaded first as a capture's fallback."""
     import types
 
     from awq_cupy import jit, kernels, ops
 
-    assert ops.GEMV_COMPILED_TOKENS == (16,)
+    big = ops.GEMV_M1_MIN_WEIGHTS
+    assert [ops.gemv_compiled_tokens(M, 8192, big // 8192) for M in (1, 2, 8, 15, 16)] == [1, None, None, None, 16]
+    assert [ops.gemv_compiled_tokens(M, 4096, big // 4096 - 1) for M in (1, 16)] == [None, 16]
     loaded = []
     monkeypatch.setattr(kernels, "get_kernel", lambda fam, v, dev=None: loaded.append((fam, v)) or (fam.name, v))
     monkeypatch.setattr(kernels, "kernel", lambda name, v, dev=None: loaded.append((name, v)) or (name, v))
@@ -907,6 +909,10 @@ def test_gemv_kernel_compiles_per_launch_shape_and_token_count(monkeypatch):
     p = plan_gemv(16, K, 4096, 128, arch=h100)
     assert ops.gemv_kernel(w2, p, "float16", h100, 16)[0] == "gemv_tc"         # not built yet: the fallback
     assert ops.gemv_kernel(w, plan_gemv(16, K, N, 128, arch=h100), "float16", h100, 16)[0] == names[16]
+    monkeypatch.setattr(ops, "_is_capturing", lambda: False)
+    w3 = types.SimpleNamespace(**{**vars(w), "N": 8192, "NT": 128, "K": 8192, "KS": 128, "NG": 64})   # 2^26 weights
+    n1 = ops.gemv_kernel(w3, plan_gemv(1, 8192, 8192, 128, arch=h100), "float16", h100, 1)[0]
+    assert n1.endswith(":m1") and dict(loaded[-1][0].defines)["AWQ_GEMV_M"] == "1"
 
 
 def test_x_tile_chunks_counts_the_tiles_and_refuses_what_32_bit_indices_cannot_hold():

@@ -364,14 +364,16 @@ def test_gemv_is_deterministic_and_rows_are_independent(rng):
 @pytest.mark.parametrize("K,N,G", [(4096, 4096, 128), (1088, 4160, 64), (2112, 2000, 32), (1000, 4200, -1),
                                    (14400, 328, 96)])
 @pytest.mark.parametrize("kind", ["float16", "bfloat16"])
-def test_gemv_compiled_for_the_launch_shape(rng, K, N, G, kind):
+def test_gemv_compiled_for_the_launch_shape(rng, K, N, G, kind, monkeypatch):
     """The GEMV compiled for one launch shape (ops.gemv_kernel with specialize=True; what matmul runs on compute
-    capability 9.0 for model-sized weights; at M = 1 compiled for that token count too) gives bitwise the generic
-    variant's result, and the reference's, for every planned variant (pairs with two k blocks, threes, fours;
-    G % 64 = 32; one group; N not a multiple of 64), with and without a bias, at one and two token blocks and other
-    warp counts. Runs on any GPU (the constants are not arch-specific)."""
+    capability 9.0 for model-sized weights; at M = 1 and 16 compiled for the token count too, M = 1 here at every
+    size) gives bitwise the generic variant's result, and the reference's, for every planned variant (pairs with two
+    k blocks, threes, fours; G % 64 = 32; one group; N not a multiple of 64), with and without a bias, at one and
+    two token blocks and other warp counts. Runs on any GPU (the constants are not arch-specific)."""
     from awq_cupy import ops
     from awq_cupy.jit import arch_of_device
+
+    monkeypatch.setattr(ops, "GEMV_M1_MIN_WEIGHTS", 0)
 
     Q, Z, S, G = random_layer(rng, K, N, G)
     w = _weight(Q, Z, S, G, kind)
