@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
   Np = AWQ_GEMV_NP;
   fd_grid = AWQ_GEMV_FD_GRID; fd_w = AWQ_GEMV_FD_W; fd_kq = AWQ_GEMV_FD_KQ; fd_g = AWQ_GEMV_FD_G;
 #ifdef AWQ_GEMV_M
-  M = AWQ_GEMV_M;   // and for one token count (matmul: M = 16): the token predicates fold (M = 16 -0.9 us, v32)
+  M = AWQ_GEMV_M;   // and for one token count (ops.gemv_compiled_tokens): the token predicates fold (v32)
 #endif
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = AWQ_GEMV_W;
 #else
