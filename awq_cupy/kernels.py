@@ -214,7 +214,12 @@ BENCH_UTIL = KernelFamily("bench_util", "bench_util.cu",
 # sm_90a probes for bench/ (kernels_cu/bench_wg.cu): wgmma rates by N and accumulators per warpgroup
 BENCH_WG = KernelFamily("bench_wg", "bench_wg.cu",
                         lambda arch: tuple(f"awq_wgmma_probe_kernel<{n}, {a}>" for n in (8, 16, 32, 64)
-                                           for a in (1, 2, 4, 8) if n * a <= 128),
+                                           for a in (1, 2, 4, 8) if n * a <= 128)
+                        + tuple(f"awq_wgmma_sts_probe_kernel<{n}, {pw}, {d}>" for n in (64, 256)
+                                for pw, d in ((0, 0), (4, 0), (8, 0), (4, 1), (8, 1), (12, 1))
+                                if n == 64 or pw <= 8)
+                        + tuple(f"awq_wgmma_sts_probe_kernel<256, 8, {d}, {m}>" for d in (1, 2, 3)
+                                for m in ("true", "false") if d > 1 or m == "false"),
                         hot=False, min_cc=90, arch_specific=True)
 
 FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (DEQUANT, REPACK, GEMM_TC, GEMM_WG, GEMV_TC, BENCH_UTIL,
