@@ -222,8 +222,15 @@ BENCH_WG = KernelFamily("bench_wg", "bench_wg.cu",
                                 for m in ("true", "false") if d > 1 or m == "false"),
                         hot=False, min_cc=90, arch_specific=True)
 
+# PROTOTYPE for bench/wb_probe.py (kernels_cu/gemm_wb.cu, sm_90a): the weights as the wgmma B operand, decoded by
+# producer warps (bench/NOTES.md v33). Not on matmul's path; compiled here so that CI keeps it building. The script
+# instantiates other template arguments itself.
+GEMM_WB = KernelFamily("gemm_wb", "gemm_wb.cu",
+                       lambda arch: ("awq_gemm_wb_kernel<__half, 4, 4>", "awq_gemm_wb_kernel<__half, 4, 4, true>"),
+                       hot=False, min_cc=90, arch_specific=True)
+
 FAMILIES: dict[str, KernelFamily] = {f.name: f for f in (DEQUANT, REPACK, GEMM_TC, GEMM_WG, GEMV_TC, BENCH_UTIL,
-                                                         BENCH_WG)}
+                                                         BENCH_WG, GEMM_WB)}
 
 
 def dequant_variant(out_dtype: str, scale_dtype: str) -> str:

@@ -1,0 +1,270 @@
+// gemm_wb.cu: PROTOTYPE (bench/wb_probe.py only, not on awq_cupy.matmul's path): W4A16 matmul for M <= 64 on
+// Hopper wgmma with the weights as the B operand, decoded by producer warps into shared memory, and x as A.
+// Status (H200, bench/NOTES.md v33): correct, and 1.45x slower than gemm_wg.cu at M = 64 (Mistral-7B sum 133 against
+// 92 us with x pre-tiled outside the timing); its producers alone take ~0.9 us per unit (~9.5 decoded weights per SM
+// cycle), its consumers alone would give 64 us. The WST > 0 path failed the output check at some split counts in
+// its one run (S = 3, D = 2, WST = 6), not debugged.
+//
+// Why (bench/NOTES.md v33): the fused GEMM (gemm_wg.cu) decodes its weights in the warps that issue the wgmmas and
+// reaches ~12-15 decoded weights per SM cycle at M = 64, where the tensor cores could take 32. Probe: 8 warps that
+// only decode and store run at 37.6 weights per cycle alone and 16 beside a full-rate m64n256k16 stream.
+//
+// CTA: 8 consumer warps (two warpgroups, 128 channels each) + 8 producer warps; 256 channels x 64 tokens; grid
+// (column tiles of 256 channels, K splits). Per 64-k unit, stage s of S:
+// - B (32 KB): the 256 channels' decoded weights, one 128-byte row of 64 k per channel in natural k order, 16-byte
+//   chunk q of row n at q ^ (n % 8) (the wgmma 128-byte swizzle, K-major). Producer thread (warp pw, lane l) takes
+//   tile-layout lane (c, r) = (l % 8, l / 8) of blocks pw and pw + 8: its uint4 holds channels c and c + 8 at
+//   k 8 r .. 8 r + 7 (words 0, 1) and 32 + 8 r .. + 7 (words 2, 3), i.e. 16-byte chunks r and 4 + r of both rows
+//   (layout_k in common.cuh): four 16-byte stores, conflict-free (a quarter warp has c = 0..7).
+// - x (9 KB): the 64 token rows' 128 bytes of the unit, natural order, rows 144 bytes apart (conflict-free
+//   ldmatrix), brought by bulk copies (producer warp 0, one per row), zero past M (written once) and past K.
+//   H200: 64 row copies per unit cost ~2-3 us per unit (small bulk copies are ~70 SM cycles each, v14), so XT
+//   takes x as per-unit images made beforehand ([KS][64][72]) and copies each in one piece (timing probe).
+// - full[s]: 256 producer arrivals (after a proxy fence) + the x bytes; empty[s]: one arrival per consumer warp
+//   once the wgmmas of that unit have completed.
+// Consumers: per unit, 4 ldmatrix.x4 (their 16 tokens' A fragments), 4 x m64n128k16, one group left in flight.
+// Math as gemm_wg.cu: T((q - z) * s) with one rounding, fp32 accumulation; split-K partials summed by
+// awq_splitk_reduce_kernel (gemm_tc.cu). Groups of whole 64-k units only (G % 64 == 0 or one group).
+#include "common.cuh"
+#include "gemm_units.cuh"
+#include "wgmma.cuh"
+
+namespace awq_wb {
+constexpr int CONS = 8, PROD = 8;
+constexpr int THREADS = 32 * (CONS + PROD);
+constexpr int BM = 64, XPITCH = 144;
+constexpr int B_BYTES = 256 * 128, X_BYTES = BM * XPITCH, STAGE = B_BYTES + X_BYTES;   // 41 KB, 1 KB multiples
+static_assert(STAGE % 1024 == 0, "stages keep the 1024-byte alignment of B");
+
+AWQ_DEVICE void sts128(u32 addr, u32 a, u32 b, u32 c, u32 d) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+AWQ_DEVICE void ldsm_x4(u32 addr, u32 (&a)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr) : "memory");
+}
+AWQ_DEVICE void arrive(u32 bar) { asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory"); }
+}  // namespace awq_wb
+
+// MODE (timing probes, values wrong): 1 = the consumers only wait and release each stage (the producers' pace),
+// 2 = the producers only bring x and arrive, without decoding (the consumers' pace).
+// RLX: the producers publish their stores with a release fence restricted to shared memory and relaxed arrivals
+// (PTX ISA 8.6 sync_restrict), so that publishing does not wait for their weight loads in flight.
+// WST > 0: the producers bring their weights, scales and zeros by cp.async into a private ring of WST units in
+// shared memory (12 KB per unit, thread-private slots: no barrier, only cp.async.wait_group), WST - 2 units ahead,
+// instead of register stages (which keep ~16 KB per SM in flight: ~1.1 TB/s at ~1 us latency).
+template <typename T, int S, int D, bool XT = false, int MODE = 0, bool RLX = false, int WST = 0>
+__global__ void __launch_bounds__(awq_wb::THREADS, 1) awq_gemm_wb_kernel(
+    const T* __restrict__ x, const uint4* __restrict__ qtiles, const u32* __restrict__ scales,
+    const u32* __restrict__ zeros, const T* __restrict__ bias, T* __restrict__ y, float* __restrict__ ws,
+    int M, int N, int K, int NT16, int KS, int G, int NG, int Np, int units_per_split) {
+  using namespace awq_wb;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  __shared__ __align__(8) unsigned long long full[S], empty[S];
+  const u32 base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+  const u32 full0 = smem_addr(full), empty0 = smem_addr(empty);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int ub = blockIdx.y * units_per_split;
+  const int n = min(KS, ub + units_per_split) - ub;
+  const int blk0 = blockIdx.x * 16;
+  pdl_trigger();
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(full0 + 8 * s, PROD * 32 + 1);
+      mbar_init(empty0 + 8 * s, CONS);
+    }
+    mbar_init_fence();
+  }
+  for (int i = tid; i < S * BM * 9; i += THREADS) {   // x rows >= M of every stage: zero, for good
+    const int s = i / (BM * 9), rem = i - s * (BM * 9);
+    if (rem / 9 >= M) sts128(base + s * STAGE + B_BYTES + rem * 16, 0u, 0u, 0u, 0u);
+  }
+  __syncthreads();
+
+  if (warp >= CONS) {   // ---------------- producers ----------------
+    const int pw = warp - CONS, c = lane & 7, r = lane >> 3;
+    const int np2 = Np >> 1;
+    const uint4* wsrc[2];
+    bool ok[2];
+    int szo[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int b = blk0 + pw + 8 * j;
+      ok[j] = b < NT16;
+      wsrc[j] = qtiles + ((long long)(ok[j] ? b : 0) * KS + ub) * 32 + 4 * c + r;
+      szo[j] = 8 * (ok[j] ? b : 0) + c;
+    }
+    struct Stage { uint4 w[2]; u32 s[2], z[2]; };
+    auto load = [&](Stage& q, int u) {   // unit u of this split
+      const int g = NG == 1 ? 0 : min((64 * (ub + u)) / G, NG - 1);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        q.w[j] = ok[j] ? __ldcs(wsrc[j] + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
+        q.s[j] = ok[j] ? __ldg(scales + g * np2 + szo[j]) : 0u;
+        q.z[j] = ok[j] ? __ldg(zeros + g * np2 + szo[j]) : 0u;
+      }
+    };
+    // Weights in batches of B = D / 2 units, two batches of registers: the next batch is requested right after the
+    // first unit of the current one is decoded, so that decode's wait (ptxas tracks all these loads on one
+    // scoreboard) covers loads issued B units earlier and nothing newer (gemm_wg.cu, bench/NOTES.md v20).
+    constexpr int B = D / 2;
+    static_assert(B >= 1, "two batches of at least one unit");
+    Stage sb[2][B];
+    // WST ring: slot v % WST at ring0 + (v % WST) 12 KB; field f of thread p (producer index) at f KB + 16 p for the
+    // two uint4, 8 KB + f' KB + 4 p for the four u32 (scale 0, zero 0, scale 1, zero 1)
+    const u32 ring0 = base + S * STAGE, ptid = (u32)(tid - 32 * CONS);
+    auto fetch = [&](int u) {   // unit u into its ring slot, one cp.async group
+      const u32 slot = ring0 + (u32)(u % (WST > 0 ? WST : 1)) * 12288u;
+      const int g = NG == 1 ? 0 : min((64 * (ub + u)) / G, NG - 1);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const u32 pred = ok[j] ? 16u : 0u;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(slot + 4096u * j + 16u * ptid),
+                     "l"(wsrc[j] + 32 * u), "r"(pred) : "memory");
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(slot + 8192u + 2048u * j + 4u * ptid),
+                     "l"(scales + g * np2 + szo[j]), "r"(pred / 4u) : "memory");
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
+                     ::"r"(slot + 8192u + 2048u * j + 1024u + 4u * ptid), "l"(zeros + g * np2 + szo[j]),
+                     "r"(pred / 4u) : "memory");
+      }
+      asm volatile("cp.async.commit_group;\n" ::: "memory");
+    };
+    auto unpack = [&](Stage& q, int u) {   // this thread's own bytes of unit u, once its group has landed
+      const u32 slot = ring0 + (u32)(u % (WST > 0 ? WST : 1)) * 12288u;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        q.w[j] = lds128(slot + 4096u * j + 16u * ptid);
+        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(q.s[j]) : "r"(slot + 8192u + 2048u * j + 4u * ptid));
+        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(q.z[j]) : "r"(slot + 8192u + 2048u * j + 1024u + 4u * ptid));
+      }
+    };
+    if constexpr (WST > 0) {
+      for (int v = 0; v < WST - 1; ++v) {
+        if (v < n) fetch(v);
+        else asm volatile("cp.async.commit_group;\n" ::: "memory");   // empty groups keep the count uniform
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < B; ++j)
+        if (j < n) load(sb[0][j], j);
+    }
+    pdl_wait();   // x may come from the previous kernel
+    const int rows = min(M, BM);
+#pragma unroll 1
+    for (int it = 0; it < n; it += 2 * B) {
+#pragma unroll
+      for (int hb = 0; hb < 2; ++hb)
+#pragma unroll
+        for (int jb = 0; jb < B; ++jb) {
+          const int u = it + hb * B + jb;
+          if (u >= n) break;
+          const int s = u % S;
+          const u32 sb0 = base + s * STAGE;
+          if (u >= S) mbar_wait(empty0 + 8 * s, ((u / S) - 1) & 1);
+          if (XT) {        // x given as per-unit images [KS][64][72] (144-byte rows, zeros past M and K): one copy
+            if (pw == 0 && lane == 0) {
+              if (RLX)
+                asm volatile("mbarrier.arrive.expect_tx.relaxed.cluster.shared::cta.b64 _, [%0], %1;\n"
+                             ::"r"(full0 + 8 * s), "r"((u32)X_BYTES) : "memory");
+              else
+                mbar_expect(full0 + 8 * s, X_BYTES);
+              bulk_copy(sb0 + B_BYTES, x + (long long)(ub + u) * (BM * XPITCH / 2), X_BYTES, full0 + 8 * s);
+            }
+          } else if (pw == 0) {   // x rows of unit u: bulk copies (K % 8 == 0: whole 16-byte pieces), zeros past K
+            const int k0 = 64 * (ub + u), kb = 2 * min(64, K - k0);
+            if (lane == 0) mbar_expect(full0 + 8 * s, (u32)(rows * kb));
+            __syncwarp();
+            for (int m = lane; m < rows; m += 32) {
+              bulk_copy(sb0 + B_BYTES + m * XPITCH, x + (long long)m * K + k0, (u32)kb, full0 + 8 * s);
+              for (int q = kb; q < 128; q += 16) sts128(sb0 + B_BYTES + m * XPITCH + q, 0u, 0u, 0u, 0u);
+            }
+          }
+          Stage& st = sb[hb][jb];
+          if constexpr (WST > 0) {   // unit u's group has landed once at most WST - 2 newer ones are pending
+            asm volatile("cp.async.wait_group %0;\n" ::"n"(WST > 1 ? WST - 2 : 0) : "memory");
+            unpack(st, u);
+            if (u + WST - 1 < n) fetch(u + WST - 1);   // into the slot of unit u - 1, read by this thread already
+            else asm volatile("cp.async.commit_group;\n" ::: "memory");
+          }
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            if (!ok[j] || MODE == 2) continue;   // its B rows stay as they are: their columns are never stored
+            ScaledDecoder<T> dec;
+            dec.set(st.z[j], st.s[j]);
+            u32 a[4][4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) dec.fragment(awq_units::word(st.w[j], i), a[i]);
+            const u32 row = (u32)(16 * (pw + 8 * j) + c);   // channel c of block pw + 8 j; c + 8 is 8 rows on
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {   // words 2 h, 2 h + 1: k 32 h + 8 r .. + 7, chunk 4 h + r
+              const u32 off = (u32)(((4 * h + r) ^ c) << 4);
+              sts128(sb0 + row * 128 + off, a[2 * h][0], a[2 * h][2], a[2 * h + 1][0], a[2 * h + 1][2]);
+              sts128(sb0 + (row + 8) * 128 + off, a[2 * h][1], a[2 * h][3], a[2 * h + 1][1], a[2 * h + 1][3]);
+            }
+          }
+          if (WST == 0 && jb == 0)   // the next batch, now that this batch's loads have been waited for
+#pragma unroll
+            for (int jj = 0; jj < B; ++jj)
+              if (u + B + jj < n) load(sb[hb ^ 1][jj], u + B + jj);
+          if (RLX) {
+            asm volatile("fence.proxy.async::generic.release.sync_restrict::shared::cta.cluster;\n" ::: "memory");
+            asm volatile("mbarrier.arrive.relaxed.cluster.shared::cta.b64 _, [%0];\n" ::"r"(full0 + 8 * s)
+                         : "memory");
+          } else {
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the stores, for the wgmmas
+            arrive(full0 + 8 * s);
+          }
+        }
+    }
+    return;
+  }
+
+  // ---------------- consumers ----------------
+  pdl_wait();
+  const int wg = warp >> 2, wq = warp & 3, g8 = lane >> 2, t4 = lane & 3;
+  float acc[64];
+#pragma unroll
+  for (int e = 0; e < 64; ++e) acc[e] = 0.f;
+  u32 afr[2][4][4];
+  // ldmatrix.x4 rows: lanes 0-15 rows 16 wq + lane at k 0, lanes 16-31 the same rows at k 8
+  const u32 xoff = (u32)(B_BYTES + (16 * wq + (lane & 15)) * XPITCH + (lane >> 4) * 16);
+  const u32 desc0 = awq_wg::desc_lo(base + wg * (128 * 128));
+#pragma unroll 1
+  for (int u = 0; u < n; ++u) {
+    const int s = u % S;
+    mbar_wait(full0 + 8 * s, (u / S) & 1);
+    const u32 sb = base + s * STAGE;
+    u32 (&af)[4][4] = afr[u & 1];
+    if (MODE != 1) {
+#pragma unroll
+      for (int t = 0; t < 4; ++t) ldsm_x4(sb + xoff + 32 * t, af[t]);
+      awq_wg::fence();
+#pragma unroll
+      for (int t = 0; t < 4; ++t)
+        Wgmma<T, 128>::run(acc, af[t], awq_wg::desc_sw128(desc0 + s * (STAGE >> 4) + 2 * t));
+    }
+    awq_wg::commit();
+    awq_wg::wait<1>();   // unit u - 1's wgmmas are done: its stage is free
+    if (u >= 1 && lane == 0) awq_wb::arrive(empty0 + 8 * ((u - 1) % S));
+  }
+  awq_wg::wait<0>();
+  // acc[4 j + e]: token 16 wq + g8 + 8 (e >> 1), channel 256 blockIdx.x + 128 wg + 8 j + 2 t4 + (e & 1)
+  const bool split = gridDim.y > 1;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int ch = 256 * blockIdx.x + 128 * wg + 8 * j + 2 * t4;
+    if (ch >= N) continue;   // N % 8 == 0: ch + 1 < N too
+    const float b0 = (!split && bias != nullptr) ? Traits<T>::to_float(bias[ch]) : 0.f;
+    const float b1 = (!split && bias != nullptr) ? Traits<T>::to_float(bias[ch + 1]) : 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int tok = 16 * wq + g8 + 8 * h;
+      if (tok >= M) continue;
+      const float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];
+      if (split)
+        *reinterpret_cast<float2*>(ws + ((long long)blockIdx.y * M + tok) * Np + ch) = make_float2(v0, v1);
+      else
+        *reinterpret_cast<u32*>(y + (long long)tok * N + ch) = pack2<T>(v0 + b0, v1 + b1);
+    }
+  }
+}
