@@ -2,12 +2,9 @@
 v33 next step 0) against the fused GEMM that matmul runs, on the Mistral-7B layers at M <= 64, timed like
 `python -m awq_cupy bench` (queue preloaded, weights rotated). Per (layer, M): the prototype at several split
 counts, its output checked against matmul's first. Usage:
-    python3 bench/wb_probe.py [M,...] [stages,depth] [xt|-] [mode] [rlx]   (default 32,64 and 4,4; xt: x as per-unit
+    python3 bench/wb_probe.py [M,...] [stages,depth] [xt|-] [mode]   (default 32,64 and 4,4; xt: x as per-unit
     images made before the timing, one bulk copy per unit instead of one per row; mode 1 or 2: the producers' or
-    the consumers' pace alone, values wrong; rlx: the producers publish with a shared-memory-only release fence;
-    a sixth argument WST > 0: weights by cp.async into a ring of WST units)
-Known issue (v33 run 15, not debugged): with stages,depth = 3,2 and WST = 6 the output check fails at some split
-counts (marked WRONG, not timed). The register-stage path passed it at 4,4 and 5,4 with every split count.
+    the consumers' pace alone, values wrong)
 """
 import dataclasses
 import sys
@@ -24,11 +21,8 @@ ms = [int(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else [32, 64]
 S, D = (int(v) for v in sys.argv[2].split(",")) if len(sys.argv) > 2 else (4, 4)
 XT = len(sys.argv) > 3 and sys.argv[3] == "xt"   # x as per-unit images made before the timing (probe)
 MODE = int(sys.argv[4]) if len(sys.argv) > 4 else 0   # 1: producers' pace, 2: consumers' pace (values wrong)
-RLX = len(sys.argv) > 5 and sys.argv[5] == "rlx"   # restricted release fence + relaxed arrivals (gemm_wb.cu)
-WST = int(sys.argv[6]) if len(sys.argv) > 6 else 0   # weights by cp.async into a ring of WST units (gemm_wb.cu)
 STAGE = 256 * 128 + 64 * 144
-variant = (f"awq_gemm_wb_kernel<__half, {S}, {D}, {'true' if XT else 'false'}, {MODE}, {'true' if RLX else 'false'}, "
-           f"{WST}>")
+variant = f"awq_gemm_wb_kernel<__half, {S}, {D}, {'true' if XT else 'false'}, {MODE}>"
 kernels.FAMILIES["gemm_wb"] = dataclasses.replace(kernels.GEMM_WB, variants=lambda arch: (variant,))
 arch = arch_of_device(0)
 sms = ops._sm_count(0)
@@ -47,7 +41,7 @@ def launch_wb(x, w, y, M, splits):
     k.launch((-(-NT16 // 16), splits), (512,),
              (x, w.qtiles, w.scales, w.zeros, ops._NULL, y, ws, as_i32(M), as_i32(w.N), as_i32(w.K), as_i32(NT16),
               as_i32(KS), as_i32(w.group_size), as_i32(w.NG), as_i32(Np), as_i32(per)),
-             smem=S * STAGE + WST * 12288 + 1024, pdl=True)
+             smem=S * STAGE + 1024, pdl=True)
     if splits > 1:
         cols = ops.reduce_columns(M, w.N, sms)
         rk = kernels.kernel("gemm_tc", kernels.reduce_variant("float16", cols))

@@ -2,8 +2,9 @@
 // Hopper wgmma with the weights as the B operand, decoded by producer warps into shared memory, and x as A.
 // Status (H200, bench/NOTES.md v33): correct, and 1.45x slower than gemm_wg.cu at M = 64 (Mistral-7B sum 133 against
 // 92 us with x pre-tiled outside the timing); its producers alone take ~0.9 us per unit (~9.5 decoded weights per SM
-// cycle), its consumers alone would give 64 us. The WST > 0 path failed the output check at some split counts in
-// its one run (S = 3, D = 2, WST = 6), not debugged.
+// cycle), its consumers alone would give 64 us. Two switches measured in v33 were taken out again (commit 96eab44
+// has them): a shared-memory-only release with relaxed arrivals (no change), and the weights by cp.async into a
+// private shared-memory ring (producers -12%, but its one build failed the output check at some split counts).
 //
 // Why (bench/NOTES.md v33): the fused GEMM (gemm_wg.cu) decodes its weights in the warps that issue the wgmmas and
 // reaches ~12-15 decoded weights per SM cycle at M = 64, where the tensor cores could take 32. Probe: 8 warps that
@@ -48,12 +49,7 @@ AWQ_DEVICE void arrive(u32 bar) { asm volatile("mbarrier.arrive.shared::cta.b64 
 
 // MODE (timing probes, values wrong): 1 = the consumers only wait and release each stage (the producers' pace),
 // 2 = the producers only bring x and arrive, without decoding (the consumers' pace).
-// RLX: the producers publish their stores with a release fence restricted to shared memory and relaxed arrivals
-// (PTX ISA 8.6 sync_restrict), so that publishing does not wait for their weight loads in flight.
-// WST > 0: the producers bring their weights, scales and zeros by cp.async into a private ring of WST units in
-// shared memory (12 KB per unit, thread-private slots: no barrier, only cp.async.wait_group), WST - 2 units ahead,
-// instead of register stages (which keep ~16 KB per SM in flight: ~1.1 TB/s at ~1 us latency).
-template <typename T, int S, int D, bool XT = false, int MODE = 0, bool RLX = false, int WST = 0>
+template <typename T, int S, int D, bool XT = false, int MODE = 0>
 __global__ void __launch_bounds__(awq_wb::THREADS, 1) awq_gemm_wb_kernel(
     const T* __restrict__ x, const uint4* __restrict__ qtiles, const u32* __restrict__ scales,
     const u32* __restrict__ zeros, const T* __restrict__ bias, T* __restrict__ y, float* __restrict__ ws,
@@ -110,44 +106,9 @@ __global__ void __launch_bounds__(awq_wb::THREADS, 1) awq_gemm_wb_kernel(
     constexpr int B = D / 2;
     static_assert(B >= 1, "two batches of at least one unit");
     Stage sb[2][B];
-    // WST ring: slot v % WST at ring0 + (v % WST) 12 KB; field f of thread p (producer index) at f KB + 16 p for the
-    // two uint4, 8 KB + f' KB + 4 p for the four u32 (scale 0, zero 0, scale 1, zero 1)
-    const u32 ring0 = base + S * STAGE, ptid = (u32)(tid - 32 * CONS);
-    auto fetch = [&](int u) {   // unit u into its ring slot, one cp.async group
-      const u32 slot = ring0 + (u32)(u % (WST > 0 ? WST : 1)) * 12288u;
-      const int g = NG == 1 ? 0 : min((64 * (ub + u)) / G, NG - 1);
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const u32 pred = ok[j] ? 16u : 0u;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(slot + 4096u * j + 16u * ptid),
-                     "l"(wsrc[j] + 32 * u), "r"(pred) : "memory");
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(slot + 8192u + 2048u * j + 4u * ptid),
-                     "l"(scales + g * np2 + szo[j]), "r"(pred / 4u) : "memory");
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n"
-                     ::"r"(slot + 8192u + 2048u * j + 1024u + 4u * ptid), "l"(zeros + g * np2 + szo[j]),
-                     "r"(pred / 4u) : "memory");
-      }
-      asm volatile("cp.async.commit_group;\n" ::: "memory");
-    };
-    auto unpack = [&](Stage& q, int u) {   // this thread's own bytes of unit u, once its group has landed
-      const u32 slot = ring0 + (u32)(u % (WST > 0 ? WST : 1)) * 12288u;
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        q.w[j] = lds128(slot + 4096u * j + 16u * ptid);
-        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(q.s[j]) : "r"(slot + 8192u + 2048u * j + 4u * ptid));
-        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(q.z[j]) : "r"(slot + 8192u + 2048u * j + 1024u + 4u * ptid));
-      }
-    };
-    if constexpr (WST > 0) {
-      for (int v = 0; v < WST - 1; ++v) {
-        if (v < n) fetch(v);
-        else asm volatile("cp.async.commit_group;\n" ::: "memory");   // empty groups keep the count uniform
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < B; ++j)
-        if (j < n) load(sb[0][j], j);
-    }
+    for (int j = 0; j < B; ++j)
+      if (j < n) load(sb[0][j], j);
     pdl_wait();   // x may come from the previous kernel
     const int rows = min(M, BM);
 #pragma unroll 1
@@ -162,14 +123,8 @@ __global__ void __launch_bounds__(awq_wb::THREADS, 1) awq_gemm_wb_kernel(
           const u32 sb0 = base + s * STAGE;
           if (u >= S) mbar_wait(empty0 + 8 * s, ((u / S) - 1) & 1);
           if (XT) {        // x given as per-unit images [KS][64][72] (144-byte rows, zeros past M and K): one copy
-            if (pw == 0 && lane == 0) {
-              if (RLX)
-                asm volatile("mbarrier.arrive.expect_tx.relaxed.cluster.shared::cta.b64 _, [%0], %1;\n"
-                             ::"r"(full0 + 8 * s), "r"((u32)X_BYTES) : "memory");
-              else
-                mbar_expect(full0 + 8 * s, X_BYTES);
-              bulk_copy(sb0 + B_BYTES, x + (long long)(ub + u) * (BM * XPITCH / 2), X_BYTES, full0 + 8 * s);
-            }
+            if (pw == 0 && lane == 0)
+              bulk_load(sb0 + B_BYTES, x + (long long)(ub + u) * (BM * XPITCH / 2), X_BYTES, full0 + 8 * s);
           } else if (pw == 0) {   // x rows of unit u: bulk copies (K % 8 == 0: whole 16-byte pieces), zeros past K
             const int k0 = 64 * (ub + u), kb = 2 * min(64, K - k0);
             if (lane == 0) mbar_expect(full0 + 8 * s, (u32)(rows * kb));
@@ -179,13 +134,7 @@ __global__ void __launch_bounds__(awq_wb::THREADS, 1) awq_gemm_wb_kernel(
               for (int q = kb; q < 128; q += 16) sts128(sb0 + B_BYTES + m * XPITCH + q, 0u, 0u, 0u, 0u);
             }
           }
-          Stage& st = sb[hb][jb];
-          if constexpr (WST > 0) {   // unit u's group has landed once at most WST - 2 newer ones are pending
-            asm volatile("cp.async.wait_group %0;\n" ::"n"(WST > 1 ? WST - 2 : 0) : "memory");
-            unpack(st, u);
-            if (u + WST - 1 < n) fetch(u + WST - 1);   // into the slot of unit u - 1, read by this thread already
-            else asm volatile("cp.async.commit_group;\n" ::: "memory");
-          }
+          const Stage& st = sb[hb][jb];
 #pragma unroll
           for (int j = 0; j < 2; ++j) {
             if (!ok[j] || MODE == 2) continue;   // its B rows stay as they are: their columns are never stored
@@ -202,18 +151,12 @@ __global__ void __launch_bounds__(awq_wb::THREADS, 1) awq_gemm_wb_kernel(
               sts128(sb0 + (row + 8) * 128 + off, a[2 * h][1], a[2 * h][3], a[2 * h + 1][1], a[2 * h + 1][3]);
             }
           }
-          if (WST == 0 && jb == 0)   // the next batch, now that this batch's loads have been waited for
+          if (jb == 0)   // the next batch, now that this batch's loads have been waited for
 #pragma unroll
             for (int jj = 0; jj < B; ++jj)
               if (u + B + jj < n) load(sb[hb ^ 1][jj], u + B + jj);
-          if (RLX) {
-            asm volatile("fence.proxy.async::generic.release.sync_restrict::shared::cta.cluster;\n" ::: "memory");
-            asm volatile("mbarrier.arrive.relaxed.cluster.shared::cta.b64 _, [%0];\n" ::"r"(full0 + 8 * s)
-                         : "memory");
-          } else {
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the stores, for the wgmmas
-            arrive(full0 + 8 * s);
-          }
+          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the stores, for the wgmmas
+          arrive(full0 + 8 * s);
         }
     }
     return;
