@@ -1,17 +1,19 @@
 // gemm_wb.cu: PROTOTYPE (bench/wb_probe.py only, not on awq_cupy.matmul's path): W4A16 matmul for M <= 64 on
 // Hopper wgmma with the weights as the B operand, decoded by producer warps into shared memory, and x as A.
-// Status (H200, bench/NOTES.md v33): correct, and 1.45x slower than gemm_wg.cu at M = 64 (Mistral-7B sum 133 against
-// 92 us with x pre-tiled outside the timing); its producers alone take ~0.9 us per unit (~9.5 decoded weights per SM
-// cycle), its consumers alone would give 64 us. Two switches measured in v33 were taken out again (commit 96eab44
-// has them): a shared-memory-only release with relaxed arrivals (no change), and the weights by cp.async into a
-// private shared-memory ring (producers -12%, but its one build failed the output check at some split counts).
+// Status (H200, bench/NOTES.md v33, v34): correct, and ~1.3x slower than gemm_wg.cu at M = 64 (Mistral-7B sum 122
+// against 92 us with x pre-tiled outside the timing, v34's lean producer loop; v33's was 133); its producers alone
+// take 109 us for that sum (~10 decoded weights per SM cycle), its consumers alone would give 64 us. Measured and
+// taken out again: a shared-memory-only release with relaxed arrivals (v33, no change; commit 96eab44) and the
+// weights, scales and zeros by cp.async into a thread-private shared-memory ring (v33, v34: producers 10-15%
+// faster alone, slower in the full kernel, and its builds fail the output check at some launches, not understood;
+// branch wb-ring-v34).
 //
 // Why (bench/NOTES.md v33): the fused GEMM (gemm_wg.cu) decodes its weights in the warps that issue the wgmmas and
 // reaches ~12-15 decoded weights per SM cycle at M = 64, where the tensor cores could take 32. Probe: 8 warps that
 // only decode and store run at 37.6 weights per cycle alone and 16 beside a full-rate m64n256k16 stream.
 //
-// CTA: 8 consumer warps (two warpgroups, 128 channels each) + 8 producer warps; 256 channels x 64 tokens; grid
-// (column tiles of 256 channels, K splits). Per 64-k unit, stage s of S:
+// CTA: 8 consumer warps (two warpgroups, 128 channels each; CW = 4: one of 256) + 8 producer warps; 256 channels x
+// 64 tokens; grid (column tiles of 256 channels, K splits). Per 64-k unit, stage s of S:
 // - B (32 KB): the 256 channels' decoded weights, one 128-byte row of 64 k per channel in natural k order, 16-byte
 //   chunk q of row n at q ^ (n % 8) (the wgmma 128-byte swizzle, K-major). Producer thread (warp pw, lane l) takes
 //   tile-layout lane (c, r) = (l % 8, l / 8) of blocks pw and pw + 8: its uint4 holds channels c and c + 8 at
@@ -21,9 +23,12 @@
 //   ldmatrix), brought by bulk copies (producer warp 0, one per row), zero past M (written once) and past K.
 //   H200: 64 row copies per unit cost ~2-3 us per unit (small bulk copies are ~70 SM cycles each, v14), so XT
 //   takes x as per-unit images made beforehand ([KS][64][72]) and copies each in one piece (timing probe).
-// - full[s]: 256 producer arrivals (after a proxy fence) + the x bytes; empty[s]: one arrival per consumer warp
-//   once the wgmmas of that unit have completed.
-// Consumers: per unit, 4 ldmatrix.x4 (their 16 tokens' A fragments), 4 x m64n128k16, one group left in flight.
+// - full[s]: one arrival per producer warp (its lanes' proxy fences, then __syncwarp) + the x bytes; empty[s]: one
+//   arrival per consumer warp once the wgmmas of that unit have completed.
+// Producers: weights, scales and zeros in two register batches of D / 2 units, from running cursors; store offsets
+// precomputed (v34: ~235 SASS instructions per unit and thread instead of ~300).
+// Consumers: per unit, 4 ldmatrix.x4 (their 16 tokens' A fragments), 4 x m64n128k16 (CW = 4: m64n256k16), one group
+// left in flight.
 // Math as gemm_wg.cu: T((q - z) * s) with one rounding, fp32 accumulation; split-K partials summed by
 // awq_splitk_reduce_kernel (gemm_tc.cu). Groups of whole 64-k units only (G % 64 == 0 or one group).
 #include "common.cuh"
@@ -31,8 +36,7 @@
 #include "wgmma.cuh"
 
 namespace awq_wb {
-constexpr int CONS = 8, PROD = 8;
-constexpr int THREADS = 32 * (CONS + PROD);
+constexpr int PROD = 8;   // producer warps (consumer warps: the kernel's CW)
 constexpr int BM = 64, XPITCH = 144;
 constexpr int B_BYTES = 256 * 128, X_BYTES = BM * XPITCH, STAGE = B_BYTES + X_BYTES;   // 41 KB, 1 KB multiples
 static_assert(STAGE % 1024 == 0, "stages keep the 1024-byte alignment of B");
@@ -49,8 +53,10 @@ AWQ_DEVICE void arrive(u32 bar) { asm volatile("mbarrier.arrive.shared::cta.b64 
 
 // MODE (timing probes, values wrong): 1 = the consumers only wait and release each stage (the producers' pace),
 // 2 = the producers only bring x and arrive, without decoding (the consumers' pace).
-template <typename T, int S, int D, bool XT = false, int MODE = 0>
-__global__ void __launch_bounds__(awq_wb::THREADS, 1) awq_gemm_wb_kernel(
+// CW: consumer warps, 8 (two warpgroups of m64n128k16, 512 threads) or 4 (one warpgroup of m64n256k16, 384 threads:
+// 168 registers for everyone instead of 128, v34).
+template <typename T, int S, int D, bool XT = false, int MODE = 0, int CW = 8>
+__global__ void __launch_bounds__(32 * (CW + awq_wb::PROD), 1) awq_gemm_wb_kernel(
     const T* __restrict__ x, const uint4* __restrict__ qtiles, const u32* __restrict__ scales,
     const u32* __restrict__ zeros, const T* __restrict__ bias, T* __restrict__ y, float* __restrict__ ws,
     int M, int N, int K, int NT16, int KS, int G, int NG, int Np, int units_per_split) {
@@ -66,19 +72,21 @@ __global__ void __launch_bounds__(awq_wb::THREADS, 1) awq_gemm_wb_kernel(
   pdl_trigger();
   if (tid == 0) {
     for (int s = 0; s < S; ++s) {
-      mbar_init(full0 + 8 * s, PROD * 32 + 1);
-      mbar_init(empty0 + 8 * s, CONS);
+      mbar_init(full0 + 8 * s, PROD + 1);   // one arrival per producer warp, one for the x bytes
+      mbar_init(empty0 + 8 * s, CW);
     }
     mbar_init_fence();
   }
-  for (int i = tid; i < S * BM * 9; i += THREADS) {   // x rows >= M of every stage: zero, for good
+  static_assert(CW == 4 || CW == 8, "one or two consumer warpgroups");
+  constexpr int NW = 1024 / CW;   // wgmma N (channels) per consumer warpgroup
+  for (int i = tid; i < S * BM * 9; i += 32 * (CW + PROD)) {   // x rows >= M of every stage: zero, for good
     const int s = i / (BM * 9), rem = i - s * (BM * 9);
     if (rem / 9 >= M) sts128(base + s * STAGE + B_BYTES + rem * 16, 0u, 0u, 0u, 0u);
   }
   __syncthreads();
 
-  if (warp >= CONS) {   // ---------------- producers ----------------
-    const int pw = warp - CONS, c = lane & 7, r = lane >> 3;
+  if (warp >= CW) {   // ---------------- producers ----------------
+    const int pw = warp - CW, c = lane & 7, r = lane >> 3;
     const int np2 = Np >> 1;
     const uint4* wsrc[2];
     bool ok[2];
@@ -91,15 +99,37 @@ __global__ void __launch_bounds__(awq_wb::THREADS, 1) awq_gemm_wb_kernel(
       szo[j] = 8 * (ok[j] ? b : 0) + c;
     }
     struct Stage { uint4 w[2]; u32 s[2], z[2]; };
-    auto load = [&](Stage& q, int u) {   // unit u of this split
-      const int g = NG == 1 ? 0 : min((64 * (ub + u)) / G, NG - 1);
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        q.w[j] = ok[j] ? __ldcs(wsrc[j] + 32 * u) : make_uint4(0u, 0u, 0u, 0u);
-        q.s[j] = ok[j] ? __ldg(scales + g * np2 + szo[j]) : 0u;
-        q.z[j] = ok[j] ? __ldg(zeros + g * np2 + szo[j]) : 0u;
+    // Load cursor (units are loaded in order): the weights of both blocks, the scale/zero row of the next unit's
+    // group (groups of whole 64-k units), and how many units of that group are left to load. Running values, so
+    // that a load is 6 loads and a few adds (v34: the per-unit division by G and the index products are gone).
+    const uint4* lw0 = wsrc[0];
+    const uint4* lw1 = wsrc[1];
+    const int upg = NG == 1 ? KS : G / 64;                      // units per scale group
+    const int g0 = NG == 1 ? 0 : min((64 * ub) / G, NG - 1);
+    int lrow = g0 * np2, lleft = NG == 1 ? KS : upg - (ub - g0 * upg);
+    auto load = [&](Stage& q) {   // the next unit of this split
+      q.w[0] = ok[0] ? __ldcs(lw0) : make_uint4(0u, 0u, 0u, 0u);
+      q.w[1] = ok[1] ? __ldcs(lw1) : make_uint4(0u, 0u, 0u, 0u);
+      q.s[0] = ok[0] ? __ldg(scales + lrow + szo[0]) : 0u;
+      q.z[0] = ok[0] ? __ldg(zeros + lrow + szo[0]) : 0u;
+      q.s[1] = ok[1] ? __ldg(scales + lrow + szo[1]) : 0u;
+      q.z[1] = ok[1] ? __ldg(zeros + lrow + szo[1]) : 0u;
+      lw0 += 32;
+      lw1 += 32;
+      if (--lleft == 0) {
+        lleft = upg;
+        lrow = min(lrow + np2, (NG - 1) * np2);
       }
     };
+    // store offsets inside a stage: block j, channel c (cc = 0) or c + 8 (cc = 1), 16-byte chunk 4 h + r
+    u32 soff[2][2][2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          soff[j][cc][h] = (u32)((16 * (pw + 8 * j) + c + 8 * cc) * 128 + (((4 * h + r) ^ c) << 4));
     // Weights in batches of B = D / 2 units, two batches of registers: the next batch is requested right after the
     // first unit of the current one is decoded, so that decode's wait (ptxas tracks all these loads on one
     // scoreboard) covers loads issued B units earlier and nothing newer (gemm_wg.cu, bench/NOTES.md v20).
@@ -108,9 +138,12 @@ __global__ void __launch_bounds__(awq_wb::THREADS, 1) awq_gemm_wb_kernel(
     Stage sb[2][B];
 #pragma unroll
     for (int j = 0; j < B; ++j)
-      if (j < n) load(sb[0][j], j);
+      if (j < n) load(sb[0][j]);
     pdl_wait();   // x may come from the previous kernel
     const int rows = min(M, BM);
+    const T* xu = x + (long long)ub * (BM * XPITCH / 2);   // XT: unit 0's x image
+    int s = 0;
+    u32 round = 0;   // wraps of the stage ring so far
 #pragma unroll 1
     for (int it = 0; it < n; it += 2 * B) {
 #pragma unroll
@@ -119,18 +152,17 @@ __global__ void __launch_bounds__(awq_wb::THREADS, 1) awq_gemm_wb_kernel(
         for (int jb = 0; jb < B; ++jb) {
           const int u = it + hb * B + jb;
           if (u >= n) break;
-          const int s = u % S;
-          const u32 sb0 = base + s * STAGE;
-          if (u >= S) mbar_wait(empty0 + 8 * s, ((u / S) - 1) & 1);
+          const u32 sb0 = base + (u32)s * STAGE, fb = full0 + 8u * (u32)s;
+          if (round > 0) mbar_wait(empty0 + 8u * (u32)s, (round - 1u) & 1u);
           if (XT) {        // x given as per-unit images [KS][64][72] (144-byte rows, zeros past M and K): one copy
-            if (pw == 0 && lane == 0)
-              bulk_load(sb0 + B_BYTES, x + (long long)(ub + u) * (BM * XPITCH / 2), X_BYTES, full0 + 8 * s);
+            if (pw == 0 && lane == 0) bulk_load(sb0 + B_BYTES, xu, X_BYTES, fb);
+            xu += BM * XPITCH / 2;
           } else if (pw == 0) {   // x rows of unit u: bulk copies (K % 8 == 0: whole 16-byte pieces), zeros past K
             const int k0 = 64 * (ub + u), kb = 2 * min(64, K - k0);
-            if (lane == 0) mbar_expect(full0 + 8 * s, (u32)(rows * kb));
+            if (lane == 0) mbar_expect(fb, (u32)(rows * kb));
             __syncwarp();
             for (int m = lane; m < rows; m += 32) {
-              bulk_copy(sb0 + B_BYTES + m * XPITCH, x + (long long)m * K + k0, (u32)kb, full0 + 8 * s);
+              bulk_copy(sb0 + B_BYTES + m * XPITCH, x + (long long)m * K + k0, (u32)kb, fb);
               for (int q = kb; q < 128; q += 16) sts128(sb0 + B_BYTES + m * XPITCH + q, 0u, 0u, 0u, 0u);
             }
           }
@@ -143,20 +175,24 @@ __global__ void __launch_bounds__(awq_wb::THREADS, 1) awq_gemm_wb_kernel(
             u32 a[4][4];
 #pragma unroll
             for (int i = 0; i < 4; ++i) dec.fragment(awq_units::word(st.w[j], i), a[i]);
-            const u32 row = (u32)(16 * (pw + 8 * j) + c);   // channel c of block pw + 8 j; c + 8 is 8 rows on
 #pragma unroll
             for (int h = 0; h < 2; ++h) {   // words 2 h, 2 h + 1: k 32 h + 8 r .. + 7, chunk 4 h + r
-              const u32 off = (u32)(((4 * h + r) ^ c) << 4);
-              sts128(sb0 + row * 128 + off, a[2 * h][0], a[2 * h][2], a[2 * h + 1][0], a[2 * h + 1][2]);
-              sts128(sb0 + (row + 8) * 128 + off, a[2 * h][1], a[2 * h][3], a[2 * h + 1][1], a[2 * h + 1][3]);
+              sts128(sb0 + soff[j][0][h], a[2 * h][0], a[2 * h][2], a[2 * h + 1][0], a[2 * h + 1][2]);
+              sts128(sb0 + soff[j][1][h], a[2 * h][1], a[2 * h][3], a[2 * h + 1][1], a[2 * h + 1][3]);
             }
           }
           if (jb == 0)   // the next batch, now that this batch's loads have been waited for
 #pragma unroll
             for (int jj = 0; jj < B; ++jj)
-              if (u + B + jj < n) load(sb[hb ^ 1][jj], u + B + jj);
-          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");   // the stores, for the wgmmas
-          arrive(full0 + 8 * s);
+              if (u + B + jj < n) load(sb[hb ^ 1][jj]);
+          // the stores, for the wgmmas (asynchronous proxy); the lanes meet, then lane 0 arrives for the warp
+          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+          __syncwarp();
+          if (lane == 0) arrive(fb);
+          if (++s == S) {
+            s = 0;
+            ++round;
+          }
         }
     }
     return;
@@ -165,13 +201,13 @@ __global__ void __launch_bounds__(awq_wb::THREADS, 1) awq_gemm_wb_kernel(
   // ---------------- consumers ----------------
   pdl_wait();
   const int wg = warp >> 2, wq = warp & 3, g8 = lane >> 2, t4 = lane & 3;
-  float acc[64];
+  float acc[NW / 2];
 #pragma unroll
-  for (int e = 0; e < 64; ++e) acc[e] = 0.f;
+  for (int e = 0; e < NW / 2; ++e) acc[e] = 0.f;
   u32 afr[2][4][4];
   // ldmatrix.x4 rows: lanes 0-15 rows 16 wq + lane at k 0, lanes 16-31 the same rows at k 8
   const u32 xoff = (u32)(B_BYTES + (16 * wq + (lane & 15)) * XPITCH + (lane >> 4) * 16);
-  const u32 desc0 = awq_wg::desc_lo(base + wg * (128 * 128));
+  const u32 desc0 = awq_wg::desc_lo(base + wg * (NW * 128));   // this warpgroup's NW B rows
 #pragma unroll 1
   for (int u = 0; u < n; ++u) {
     const int s = u % S;
@@ -184,18 +220,18 @@ __global__ void __launch_bounds__(awq_wb::THREADS, 1) awq_gemm_wb_kernel(
       awq_wg::fence();
 #pragma unroll
       for (int t = 0; t < 4; ++t)
-        Wgmma<T, 128>::run(acc, af[t], awq_wg::desc_sw128(desc0 + s * (STAGE >> 4) + 2 * t));
+        Wgmma<T, NW>::run(acc, af[t], awq_wg::desc_sw128(desc0 + s * (STAGE >> 4) + 2 * t));
     }
     awq_wg::commit();
     awq_wg::wait<1>();   // unit u - 1's wgmmas are done: its stage is free
     if (u >= 1 && lane == 0) awq_wb::arrive(empty0 + 8 * ((u - 1) % S));
   }
   awq_wg::wait<0>();
-  // acc[4 j + e]: token 16 wq + g8 + 8 (e >> 1), channel 256 blockIdx.x + 128 wg + 8 j + 2 t4 + (e & 1)
+  // acc[4 j + e]: token 16 wq + g8 + 8 (e >> 1), channel 256 blockIdx.x + NW wg + 8 j + 2 t4 + (e & 1)
   const bool split = gridDim.y > 1;
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const int ch = 256 * blockIdx.x + 128 * wg + 8 * j + 2 * t4;
+  for (int j = 0; j < NW / 8; ++j) {
+    const int ch = 256 * blockIdx.x + NW * wg + 8 * j + 2 * t4;
     if (ch >= N) continue;   // N % 8 == 0: ch + 1 < N too
     const float b0 = (!split && bias != nullptr) ? Traits<T>::to_float(bias[ch]) : 0.f;
     const float b1 = (!split && bias != nullptr) ? Traits<T>::to_float(bias[ch + 1]) : 0.f;
