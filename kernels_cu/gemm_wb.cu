@@ -6,7 +6,9 @@
 // taken out again: a shared-memory-only release with relaxed arrivals (v33, no change; commit 96eab44) and the
 // weights, scales and zeros by cp.async into a thread-private shared-memory ring (v33, v34: producers 10-15%
 // faster alone, slower in the full kernel, and its builds fail the output check at some launches, not understood;
-// branch wb-ring-v34).
+// branch wb-ring-v34). 16 producer warps (branch wb-cw-pw-v34) failed the check once, and often with 5 stages:
+// something in the stage protocol breaks when the producers run further ahead, cause not found. This build (8
+// producer warps, 4 stages) passed every check it was given (v33, v34), but treat its outputs as a probe's.
 //
 // Why (bench/NOTES.md v33): the fused GEMM (gemm_wg.cu) decodes its weights in the warps that issue the wgmmas and
 // reaches ~12-15 decoded weights per SM cycle at M = 64, where the tensor cores could take 32. Probe: 8 warps that
