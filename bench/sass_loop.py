@@ -1,13 +1,15 @@
 """Compare a kernel variant's main loop in SASS with another version of its source (no GPU needed). Usage:
 
-    python3 bench/sass_loop.py FAMILY VARIANT [--arch 90] [--against FILE]
+    python3 bench/sass_loop.py FAMILY VARIANT [--arch 90] [--against FILE] [--hazards]
 
 FAMILY is a kernel family of awq_cupy.kernels (gemv_tc, gemm_wg, ...), VARIANT one of its name expressions, e.g.
 "awq_gemv_tc_kernel<__half, 1, 3, true>". The variant is compiled from this tree (and, with --against, from FILE
 in kernels_cu/, e.g. a gemv_tc_ab.cu made by `git show main:kernels_cu/gemv_tc.cu > kernels_cu/gemv_tc_ab.cu`);
 the main loop is the longest backward branch's body with at least 8 tensor-core instructions. Printed: its length
 and instruction mix, and against the other version whether it is identical, the same up to register names, or
-how similar (difflib ratio on the instructions with registers and addresses erased).
+how similar (difflib ratio on the instructions with registers and addresses erased). With --hazards it lists
+instead the instructions that write registers an issued wgmma may still read as its A operand
+(wgmma_register_hazards; tests/test_compile_all.py runs it on every wgmma kernel).
 
 Why: the GEMV's loop sits at its register bound, and changes after it (bench/NOTES.md v24, v26, v27) made ptxas
 schedule it differently and cost more than their own work. Check the loop before spending device time.
@@ -60,18 +62,106 @@ def opcode(text: str) -> str:
     return re.match(r"(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", text).group(1)
 
 
-def compiled_sass(family: str, variant: str, arch: str, source: str | None) -> str:
-    fam = kernels.FAMILIES[family]
-    fam = dataclasses.replace(fam, variants=lambda a: (variant,), **({"source": source} if source else {}))
-    cubin = jit.compile_family(fam, jit.ARCHS[arch]).cubin
+def cuobjdump() -> str:
+    """The cuobjdump executable: on PATH, or from the nvidia-cuda-cuobjdump wheel (the test extra)."""
     wheels = [os.path.join(d, "nvidia", "cu*", "bin", "cuobjdump") for d in site.getsitepackages()]
     tool = shutil.which("cuobjdump") or next(iter(sorted(f for w in wheels for f in glob.glob(w))), None)
     if tool is None:
-        raise SystemExit("cuobjdump not found (PATH, or the nvidia-cuda-* wheels' bin folder)")
+        raise FileNotFoundError("cuobjdump not found (PATH, or the nvidia-cuda-cuobjdump wheel's bin folder)")
+    return tool
+
+
+def cubin_sass(cubin: bytes) -> str:
+    """`cuobjdump -sass` of a cubin (every function in it)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([cuobjdump(), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def functions(sass: str) -> dict:
+    """Mangled function name -> its (address, text) instructions, from `cuobjdump -sass` output."""
+    out: dict = {}
+    name = None
+    for line in sass.splitlines():
+        m = re.match(r"\s*Function : (\S+)", line)
+        if m:
+            name = m.group(1)
+            out[name] = []
+        elif name is not None:
+            m = _INS.match(line)
+            if m:
+                out[name].append((int(m.group(1), 16), m.group(2)))
+    return out
+
+
+def compiled_sass(family: str, variant: str, arch: str, source: str | None) -> str:
+    fam = kernels.FAMILIES[family]
+    fam = dataclasses.replace(fam, variants=lambda a: (variant,), **({"source": source} if source else {}))
+    try:
+        return cubin_sass(jit.compile_family(fam, jit.ARCHS[arch]).cubin)
+    except FileNotFoundError as e:
+        raise SystemExit(str(e)) from None
+
+
+# Opcodes that write no general register as their first operand (stores, barriers, branches, predicate and
+# uniform-datapath instructions, the wgmma's own bookkeeping).
+_NO_REG_WRITE = ("ST", "RED", "ATOM", "BRA", "BAR", "SYNCS", "WARPGROUP", "DEPBAR", "LDGDEPBAR", "HGMMA", "EXIT",
+                 "RET", "CALL", "NOP", "FENCE", "MEMBAR", "YIELD", "BSSY", "BSYNC", "WARPSYNC", "ACQBULK", "UBLKCP",
+                 "UTMA", "ERRBAR", "CCTL", "ISETP", "FSETP", "HSETP", "DSETP", "PLOP3", "VOTEU", "R2UR", "ELECT",
+                 "PREEXIT", "BMOV", "BREAK", "LDGSTS", "ARRIVES", "CGAERRBAR")
+
+
+def _written(text: str) -> set:
+    """General registers an instruction writes (its first operand, with the width of a wide result)."""
+    op = opcode(text)
+    if op.startswith("U") or any(op.startswith(p) for p in _NO_REG_WRITE):
+        return set()
+    m = re.match(r"(?:@!?U?P\w+\s+)?(\S+)\s+R(\d+)\b", text)
+    if not m:
+        return set()
+    full = m.group(1)
+    n = 4 if (".128" in full or (full.startswith("LDSM") and full.endswith(".4"))) else \
+        2 if (".64" in full or ".WIDE" in full or full == "CS2R" or (full.startswith("LDSM") and full.endswith(".2"))) \
+        else 1
+    r0 = int(m.group(2))
+    return set(range(r0, r0 + n))
+
+
+def wgmma_register_hazards(ins: list) -> list:
+    """Instructions of a function's loops that write a register an issued HGMMA may still be reading as its A
+    operand (A from registers: a wgmma reads them until a WARPGROUP.DEPBAR retires its group). Each loop (backward
+    branch) with HGMMAs is walked twice, so that writes in the next iteration count too; groups are closed by an
+    HGMMA with gsb0 and retired by `WARPGROUP.DEPBAR.LE gsb0, N` down to the N newest. ptxas serializes such code
+    itself where it sees it (message C7513), but not across a loop's back edge (bench/NOTES.md v34)."""
+    found = []
+    for addr, text in ins:
+        m = _BACK.search(text)
+        if not m or int(m.group(1), 16) >= addr:
+            continue
+        body = [(a, t) for a, t in ins if int(m.group(1), 16) <= a <= addr]
+        if not any(opcode(t) == "HGMMA" for _, t in body):
+            continue
+        pending, open_group = [], set()
+        for lap in range(2):
+            for a, t in body:
+                op = opcode(t)
+                if op == "HGMMA":
+                    operands = [o.strip() for o in t.split(None, 1)[1].split(",")]
+                    if re.fullmatch(r"R\d+", operands[1]):
+                        r0 = int(operands[1][1:])
+                        open_group |= set(range(r0, r0 + 4))
+                    if "gsb0" in t:
+                        pending.append(open_group)
+                        open_group = set()
+                elif op == "WARPGROUP" and "DEPBAR" in t:
+                    keep = int(t.rsplit(",", 1)[1].strip(), 0)
+                    pending = pending[len(pending) - keep:] if keep else []
+                else:
+                    busy = set().union(*pending, open_group)
+                    if lap == 1 and _written(t) & busy:
+                        found.append(f"{a:#06x} {t}")
+    return sorted(set(found))
 
 
 def report(name: str, loop: list) -> None:
@@ -85,8 +175,14 @@ def main() -> None:
     ap.add_argument("variant")
     ap.add_argument("--arch", default=None, help="jit.ARCHS key (default: 90a for sm_90a-only families, else 90)")
     ap.add_argument("--against", default=None, help="another source file in kernels_cu/ for the same family")
+    ap.add_argument("--hazards", action="store_true",
+                    help="list the writes to A registers of wgmmas in flight (wgmma_register_hazards) instead")
     a = ap.parse_args()
     arch = a.arch or ("90a" if kernels.FAMILIES[a.family].arch_specific else "90")
+    if a.hazards:
+        found = wgmma_register_hazards(instructions(compiled_sass(a.family, a.variant, arch, a.against)))
+        print("\n".join(found) if found else "no write to the A registers of a wgmma in flight")
+        return
     this = main_loop(instructions(compiled_sass(a.family, a.variant, arch, None)))
     if not this:
         raise SystemExit("no loop with tensor-core instructions found")

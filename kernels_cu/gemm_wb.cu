@@ -1,14 +1,13 @@
 // gemm_wb.cu: PROTOTYPE (bench/wb_probe.py only, not on awq_cupy.matmul's path): W4A16 matmul for M <= 64 on
 // Hopper wgmma with the weights as the B operand, decoded by producer warps into shared memory, and x as A.
-// Status (H200, bench/NOTES.md v33, v34): correct, and ~1.3x slower than gemm_wg.cu at M = 64 (Mistral-7B sum 122
+// Status (H200, bench/NOTES.md v33, v34): correct, and ~1.3x slower than gemm_wg.cu at M = 64 (Mistral-7B sum 123
 // against 92 us with x pre-tiled outside the timing, v34's lean producer loop; v33's was 133); its producers alone
-// take 109 us for that sum (~10 decoded weights per SM cycle), its consumers alone would give 64 us. Measured and
-// taken out again: a shared-memory-only release with relaxed arrivals (v33, no change; commit 96eab44) and the
-// weights, scales and zeros by cp.async into a thread-private shared-memory ring (v33, v34: producers 10-15%
-// faster alone, slower in the full kernel, and its builds fail the output check at some launches, not understood;
-// branch wb-ring-v34). 16 producer warps (branch wb-cw-pw-v34) failed the check once, and often with 5 stages:
-// something in the stage protocol breaks when the producers run further ahead, cause not found. This build (8
-// producer warps, 4 stages) passed every check it was given (v33, v34), but treat its outputs as a probe's.
+// take 108 us for that sum (~10 decoded weights per SM cycle), its consumers alone would give 64-68 us. Measured
+// and taken out again: a shared-memory-only release with relaxed arrivals (v33, no change; commit 96eab44), a
+// thread-private cp.async ring for the weights, scales and zeros (v33, v34: slower in the full kernel; branch
+// wb-ring-v34) and 16 producer warps with setmaxnreg (v34: -3%; branch wb-cw-pw-v34). Until v34 the consumers
+// released a unit's stage after waiting for the previous unit's wgmmas only, and the next unit's ldmatrix could
+// overwrite A registers of wgmmas still in flight: wrong outputs whenever the producers ran ahead (see below).
 //
 // Why (bench/NOTES.md v33): the fused GEMM (gemm_wg.cu) decodes its weights in the warps that issue the wgmmas and
 // reaches ~12-15 decoded weights per SM cycle at M = 64, where the tensor cores could take 32. Probe: 8 warps that
@@ -29,8 +28,8 @@
 //   arrival per consumer warp once the wgmmas of that unit have completed.
 // Producers: weights, scales and zeros in two register batches of D / 2 units, from running cursors; store offsets
 // precomputed (v34: ~235 SASS instructions per unit and thread instead of ~300).
-// Consumers: per unit, 4 ldmatrix.x4 (their 16 tokens' A fragments), 4 x m64n128k16 (CW = 4: m64n256k16), one group
-// left in flight.
+// Consumers: per unit, 4 ldmatrix.x4 (their 16 tokens' A fragments), 4 x m64n128k16 (CW = 4: m64n256k16), waited
+// for before the next unit (v34).
 // Math as gemm_wg.cu: T((q - z) * s) with one rounding, fp32 accumulation; split-K partials summed by
 // awq_splitk_reduce_kernel (gemm_tc.cu). Groups of whole 64-k units only (G % 64 == 0 or one group).
 #include "common.cuh"
@@ -206,7 +205,14 @@ __global__ void __launch_bounds__(32 * (CW + awq_wb::PROD), 1) awq_gemm_wb_kerne
   float acc[NW / 2];
 #pragma unroll
   for (int e = 0; e < NW / 2; ++e) acc[e] = 0.f;
-  u32 afr[2][4][4];
+  // A wgmma reads its A registers until it completes, which the compiler does not model: once a unit's wgmmas are
+  // issued it may give their fragment registers to the next unit's ldmatrix. So each unit's group is waited for
+  // (wait<0>) before the next unit's fragments are loaded, and its stage is released right there; the other
+  // warpgroup's wgmmas keep the tensor cores busy meanwhile. v34: waiting for the previous unit's group only
+  // (wait<1>, one unit in flight per warpgroup) let ptxas put the next unit's fragments into the registers of
+  // wgmmas still running, without a warning, and outputs were wrong whenever the producers ran ahead (bench/
+  // NOTES.md v34; tests/test_compile_all.py checks the SASS of every wgmma kernel for such writes).
+  u32 af[4][4];
   // ldmatrix.x4 rows: lanes 0-15 rows 16 wq + lane at k 0, lanes 16-31 the same rows at k 8
   const u32 xoff = (u32)(B_BYTES + (16 * wq + (lane & 15)) * XPITCH + (lane >> 4) * 16);
   const u32 desc0 = awq_wg::desc_lo(base + wg * (NW * 128));   // this warpgroup's NW B rows
@@ -215,7 +221,6 @@ __global__ void __launch_bounds__(32 * (CW + awq_wb::PROD), 1) awq_gemm_wb_kerne
     const int s = u % S;
     mbar_wait(full0 + 8 * s, (u / S) & 1);
     const u32 sb = base + s * STAGE;
-    u32 (&af)[4][4] = afr[u & 1];
     if (MODE != 1) {
 #pragma unroll
       for (int t = 0; t < 4; ++t) ldsm_x4(sb + xoff + 32 * t, af[t]);
@@ -225,8 +230,8 @@ __global__ void __launch_bounds__(32 * (CW + awq_wb::PROD), 1) awq_gemm_wb_kerne
         Wgmma<T, NW>::run(acc, af[t], awq_wg::desc_sw128(desc0 + s * (STAGE >> 4) + 2 * t));
     }
     awq_wg::commit();
-    awq_wg::wait<1>();   // unit u - 1's wgmmas are done: its stage is free
-    if (u >= 1 && lane == 0) awq_wb::arrive(empty0 + 8 * ((u - 1) % S));
+    awq_wg::wait<0>();   // this unit's wgmmas are done: its stage and its fragment registers are free
+    if (lane == 0) awq_wb::arrive(empty0 + 8 * s);
   }
   awq_wg::wait<0>();
   // acc[4 j + e]: token 16 wq + g8 + 8 (e >> 1), channel 256 blockIdx.x + NW wg + 8 j + 2 t4 + (e & 1)

@@ -290,3 +290,80 @@ def test_activations_are_read_coherently_after_the_dependency_wait(family, arch_
         first_wait = entry.index("griddepcontrol.wait")
         coherent = [m.start() for m in re.finditer(r"ld\.global(\.v4)?\.u32", entry)]
         assert coherent and min(coherent) > first_wait, "a coherent x load before griddepcontrol.wait"
+
+
+def _sass_loop():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "bench" / "sass_loop.py"
+    spec = importlib.util.spec_from_file_location("sass_loop", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("family", ["gemm_wg", "gemm_wb"])
+def test_no_instruction_writes_the_a_registers_of_a_wgmma_in_flight(compiled, family):
+    """A wgmma with A from registers reads them until its group is retired (WARPGROUP.DEPBAR). Neither NVVM nor,
+    across a loop's back edge, ptxas accounts for that: the v34 weights-as-B prototype got its next unit's
+    ldmatrix into the registers of wgmmas still running, without a ptxas message, and gave wrong outputs
+    whenever its producers ran ahead (bench/NOTES.md v34). Every variant's SASS is checked for such writes
+    (bench/sass_loop.py wgmma_register_hazards, on `cuobjdump -sass` of the family's cubin): the wgmma GEMM and
+    the prototype. Not bench_wg: its timing probes feed the wgmma registers they never read back, and do write
+    them in flight (awq_wgmma_probe_kernel<8, 2>), which costs them nothing."""
+    sass_loop = _sass_loop()
+    c = compiled.families[(family, "90a")]
+    funcs = sass_loop.functions(sass_loop.cubin_sass(c.cubin))
+    with_register_a = 0
+    for variant, symbol in c.lowered.items():
+        ins = funcs[symbol]
+        assert ins, variant
+        with_register_a += any(re.match(r"HGMMA\S* R\d+, R\d+,", t) for _, t in ins)
+        assert sass_loop.wgmma_register_hazards(ins) == [], variant
+    gemms = [v for v in c.lowered if "_gemm_" in v]   # gemm_wg also holds the x tile pass
+    assert gemms and with_register_a == len(gemms), "every GEMM variant issues wgmmas with A from registers"
+
+
+def test_wgmma_register_hazard_check_flags_a_planted_write():
+    """The check itself: in a loop, an ldmatrix into the A registers of the group just committed is flagged, the
+    same write after `WARPGROUP.DEPBAR.LE gsb0, 0x0` (or into other registers) is not, and SS wgmmas (A from a
+    descriptor) have no A registers."""
+    sass_loop = _sass_loop()
+
+    def loop(*body):
+        lines = [(0x100, "MOV R1, R2")]
+        addr = 0x110
+        for t in body:
+            lines.append((addr, t))
+            addr += 0x10
+        lines.append((addr, "@!P0 BRA 0x110"))
+        return lines
+
+    hgmma = "HGMMA.64x64x16.F32 R24, R88, gdesc[UR8], R24, gsb0"
+    hazard = loop("LDSM.16.M88.4 R88, [R10]", "WARPGROUP.ARRIVE", hgmma, "WARPGROUP.DEPBAR.LE gsb0, 0x1")
+    assert sass_loop.wgmma_register_hazards(hazard) == ["0x0110 LDSM.16.M88.4 R88, [R10]"]
+    retired = loop("LDSM.16.M88.4 R88, [R10]", "WARPGROUP.ARRIVE", hgmma, "WARPGROUP.DEPBAR.LE gsb0, 0x0")
+    assert sass_loop.wgmma_register_hazards(retired) == []
+    other = loop("LDSM.16.M88.4 R92, [R10]", "WARPGROUP.ARRIVE", hgmma, "WARPGROUP.DEPBAR.LE gsb0, 0x1")
+    assert sass_loop.wgmma_register_hazards(other) == []
+    partial = loop("HADD2 R91, R4, R5", "WARPGROUP.ARRIVE", hgmma, "WARPGROUP.DEPBAR.LE gsb0, 0x1")
+    assert len(sass_loop.wgmma_register_hazards(partial)) == 1   # R91 is the fourth A register
+    ss = loop("LDSM.16.M88.4 R88, [R10]", "HGMMA.64x64x16.F32 R24, gdesc[UR12], R24, gsb0",
+              "WARPGROUP.DEPBAR.LE gsb0, 0x1")
+    assert sass_loop.wgmma_register_hazards(ss) == []
+
+
+def test_the_gemms_matmul_plans_are_not_serialized_by_ptxas(compiled):
+    """ptxas serializes wgmmas it cannot overlap safely and says so ("Potential Performance Loss: wgmma.mma_async
+    instructions are serialized", messages C7510-C7519): none for the wgmma GEMM variants of the shapes matmul
+    plans (kernels.GEMM_WG_DEFAULT, every dtype, PEND and K-stream count). The (16, 2, 3) variants, reachable only
+    with an explicit tiles=2, are serialized (C7513) and not checked here."""
+    c = compiled.families[("gemm_wg", "90a")]
+    serialized = set(re.findall(r"\(C751\d\) Potential Performance Loss.*?function '(\S+)'", c.log))
+    defaults = set(kernels.GEMM_WG_DEFAULT.values())
+    shapes = {v: re.match(r"awq_gemm_wg_kernel<[^,]+, (\d+), (\d+), (\d+),", v) for v in c.lowered}
+    planned = [v for v, m in shapes.items() if m and tuple(int(t) for t in m.groups()) in defaults]
+    assert len(planned) >= 4 * len(defaults)   # two dtypes x aligned or not, at least
+    assert [v for v in planned if c.lowered[v] in serialized] == []
+    assert serialized, "the (16, 2, 3) variants' C7513 messages were found (the pattern still matches the log)"
