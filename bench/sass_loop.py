@@ -63,7 +63,8 @@ def opcode(text: str) -> str:
 
 
 def cuobjdump() -> str:
-    """The cuobjdump executable: on PATH, or from the nvidia-cuda-cuobjdump wheel (the test extra)."""
+    """The cuobjdump executable: on PATH, or from the nvidia-cuda-cuobjdump wheel (the test extra, with
+    nvidia-cuda-nvdisasm)."""
     wheels = [os.path.join(d, "nvidia", "cu*", "bin", "cuobjdump") for d in site.getsitepackages()]
     tool = shutil.which("cuobjdump") or next(iter(sorted(f for w in wheels for f in glob.glob(w))), None)
     if tool is None:
@@ -72,11 +73,15 @@ def cuobjdump() -> str:
 
 
 def cubin_sass(cubin: bytes) -> str:
-    """`cuobjdump -sass` of a cubin (every function in it)."""
+    """`cuobjdump -sass` of a cubin (every function in it). cuobjdump runs nvdisasm, which it looks for beside
+    itself (the nvidia-cuda-nvdisasm wheel puts it there), on PATH or at NVDISASM_PATH."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        return subprocess.run([cuobjdump(), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        r = subprocess.run([cuobjdump(), "-sass", f.name], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"cuobjdump -sass failed ({r.returncode}): {r.stderr.strip() or r.stdout.strip()}")
+    return r.stdout
 
 
 def functions(sass: str) -> dict:
