@@ -215,13 +215,7 @@ def test_sass_loop_finds_the_tensor_core_loop():
     """bench/sass_loop.py (the loop comparison before device time) picks the longest backward branch with at least
     8 tensor-core instructions, not a longer loop without them nor a forward branch, and compares schedules with
     registers and addresses erased."""
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parent.parent / "bench" / "sass_loop.py"
-    spec = importlib.util.spec_from_file_location("sass_loop", path)
-    sass_loop = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sass_loop)
+    sass_loop = _sass_loop()
 
     def sass(body_regs, extra=0):
         lines = ["        /*0000*/                   MOV R1, c[0x0][0x28] ;"]
@@ -293,6 +287,7 @@ def test_activations_are_read_coherently_after_the_dependency_wait(family, arch_
 
 
 def _sass_loop():
+    """bench/sass_loop.py as a module (bench/ is no package)."""
     import importlib.util
     import pathlib
 
