@@ -347,6 +347,13 @@ def test_wgmma_register_hazard_check_flags_a_planted_write():
     ss = loop("LDSM.16.M88.4 R88, [R10]", "HGMMA.64x64x16.F32 R24, gdesc[UR12], R24, gsb0",
               "WARPGROUP.DEPBAR.LE gsb0, 0x1")
     assert sass_loop.wgmma_register_hazards(ss) == []
+    # widths of the written registers, and instructions that write none
+    for write, flagged in (("LDG.E.128 R86, desc[UR4][R2.64]", True), ("IMAD.WIDE R87, R3, 0x4, R4", True),
+                           ("CS2R R90, SRZ", True), ("LDS.64 R86, [R3]", False), ("IMAD.WIDE R86, R3, 0x4, R4", False),
+                           ("STS [R88], R4", False), ("ISETP.GE.AND P0, PT, R88, R3, PT", False),
+                           ("@P0 MOV R89, R4", True)):
+        body = loop(write, "WARPGROUP.ARRIVE", hgmma, "WARPGROUP.DEPBAR.LE gsb0, 0x1")
+        assert bool(sass_loop.wgmma_register_hazards(body)) == flagged, write
 
 
 def test_the_gemms_matmul_plans_are_not_serialized_by_ptxas(compiled):
