@@ -22,7 +22,6 @@ ms = [int(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else [32, 64]
 # kernels: "S,D[,MODE[,CW]]" separated by ";" (template arguments of awq_gemm_wb_kernel; x always as images)
 specs = [tuple(int(v) for v in spec.split(",")) for spec in
          (sys.argv[2] if len(sys.argv) > 2 else "4,4").split(";")]
-XT = True
 STAGE = 256 * 128 + 64 * 144
 
 
@@ -63,13 +62,12 @@ for name, K, N in MODELS["mistral-7b"]:
     for M in ms:
         x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
         ref = awq_cupy.matmul(x, wq[0]).astype(cp.float32)
-        xin = x
-        if XT:   # [KS][64][72]: unit ks's 64 rows of 64 k, 8 halves of padding, zeros past M and K
-            KS = wq[0].KS
-            xin = cp.zeros((KS, 64, 72), cp.float16)
-            xp = cp.zeros((M, KS * 64), cp.float16)
-            xp[:, :K] = x
-            xin[:, :M, :64] = xp.reshape(M, KS, 64).transpose(1, 0, 2)
+        # x as per-unit images [KS][64][72]: unit ks's 64 rows of 64 k, 8 halves of padding, zeros past M and K
+        KS = wq[0].KS
+        xin = cp.zeros((KS, 64, 72), cp.float16)
+        xp = cp.zeros((M, KS * 64), cp.float16)
+        xp[:, :K] = x
+        xin[:, :M, :64] = xp.reshape(M, KS, 64).transpose(1, 0, 2)
         y = cp.empty((M, N), cp.float16)
         main = timer(lambda i: awq_cupy.matmul(x, wq[i % nq], out=y), max(20, nq), 3)
         print(f"{name:8s} M={M:3d}  matmul {main:6.1f}", flush=True)
