@@ -33,7 +33,6 @@ for name, K, N in MODELS[model]:
     nq = len(wq)
     for M in ms:
         x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
-        p1 = ops.plan_gemv(M, K, N, 128, arch=arch, sm_count=sms)
         cands = [("plan", sms, None, None, None)]
         p2 = ops.plan_gemv(M, K, N, 128, arch=arch, sm_count=2 * sms)
         for tw, kd in [(None, None)] + forced:

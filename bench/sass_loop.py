@@ -109,9 +109,10 @@ def compiled_sass(family: str, variant: str, arch: str, source: str | None) -> s
         raise SystemExit(str(e)) from None
 
 
-# Opcodes that write no general register as their first operand (stores, barriers, branches, predicate and
-# uniform-datapath instructions, the wgmma's own bookkeeping).
-_NO_REG_WRITE = ("ST", "RED", "ATOM", "BRA", "BAR", "SYNCS", "WARPGROUP", "DEPBAR", "LDGDEPBAR", "HGMMA", "EXIT",
+# Opcodes that write no general register as their first operand (stores, reductions without a result, barriers,
+# branches, predicate and uniform-datapath instructions, the wgmma's own bookkeeping). ATOM returns the old value
+# into its first operand, so it is not one of them.
+_NO_REG_WRITE = ("ST", "RED", "BRA", "BAR", "SYNCS", "WARPGROUP", "DEPBAR", "LDGDEPBAR", "HGMMA", "EXIT",
                  "RET", "CALL", "NOP", "FENCE", "MEMBAR", "YIELD", "BSSY", "BSYNC", "WARPSYNC", "ACQBULK", "UBLKCP",
                  "UTMA", "ERRBAR", "CCTL", "ISETP", "FSETP", "HSETP", "DSETP", "PLOP3", "VOTEU", "R2UR", "ELECT",
                  "PREEXIT", "BMOV", "BREAK", "LDGSTS", "ARRIVES", "CGAERRBAR")

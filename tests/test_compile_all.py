@@ -351,7 +351,8 @@ def test_wgmma_register_hazard_check_flags_a_planted_write():
     for write, flagged in (("LDG.E.128 R86, desc[UR4][R2.64]", True), ("IMAD.WIDE R87, R3, 0x4, R4", True),
                            ("CS2R R90, SRZ", True), ("LDS.64 R86, [R3]", False), ("IMAD.WIDE R86, R3, 0x4, R4", False),
                            ("STS [R88], R4", False), ("ISETP.GE.AND P0, PT, R88, R3, PT", False),
-                           ("@P0 MOV R89, R4", True)):
+                           ("@P0 MOV R89, R4", True), ("ATOM.E.ADD.STRONG.GPU R90, desc[UR4][R2.64], R5", True),
+                           ("RED.E.ADD.STRONG.GPU desc[UR4][R88.64], R5", False)):
         body = loop(write, "WARPGROUP.ARRIVE", hgmma, "WARPGROUP.DEPBAR.LE gsb0, 0x1")
         assert bool(sass_loop.wgmma_register_hazards(body)) == flagged, write
 
