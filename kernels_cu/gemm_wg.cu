@@ -26,7 +26,9 @@
 // that the slot refilled next (that of unit u - 1) is no longer read. Per k16 step a warp waits until at most
 // PEND wgmma groups are pending (1 below 128 tokens, 3 from there; four fragment buffers, so the one it is about
 // to overwrite is free, and at the barrier after unit u every wgmma of unit u - 1 has finished), decodes, fences
-// and issues TW wgmma.
+// and issues TW wgmma. Each buffer is read again (awq_wg::retire) right after the wait that retires its wgmmas,
+// so that the compiler keeps it in its own registers while they run (it does not know that a wgmma still reads
+// them; v35: before, ptxas shared registers between two buffers of the (16, 2, 3) variants and serialized them).
 // Work split: CTA = 8 warps (2 warpgroups) x TW 16-column blocks per warp x BM tokens; grid (column tiles, splits,
 // token tiles); split-K partials summed by awq_splitk_reduce_kernel (gemm_tc.cu) in split order.
 // Variants: T x (NB, TW, P) x GA (table: awq_cupy/kernels.py GEMM_WG_SHAPES); awq_tile_x_kernel per T.
@@ -44,6 +46,17 @@ constexpr int SLOTS = 6;   // x slots: SLOTS - 2 units requested ahead
 template <int R> AWQ_DEVICE void pin(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// A wgmma reads its A registers until a wait retires it, which the compiler does not know: after the wgmma's asm
+// statement it may give those registers to other values (bench/NOTES.md v34: a merged pair of buffers in the
+// weights-as-B prototype). Reading a fragment buffer here, right after the wait that retires its wgmmas, keeps its
+// values live for the whole flight, so their registers cannot be given to other values meanwhile (ptxas could
+// still move or spill them; tests/test_compile_all.py reads the SASS for such writes).
+template <int TW> AWQ_DEVICE void retire(u32 (&a)[TW][4]) {
+#pragma unroll
+  for (int i = 0; i < TW; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i][j]));
 }
 }  // namespace awq_wg
 
@@ -145,7 +158,13 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
   for (int i = 0; i < TW; ++i)
 #pragma unroll
     for (int e = 0; e < R; ++e) acc[i][e] = 0.f;
-  u32 afr[4][TW][4];   // fragment buffers of k16 steps t % 4
+  u32 afr[4][TW][4];   // fragment buffers of k16 steps t % 4 (zero: retire() reads a buffer before its first use)
+#pragma unroll
+  for (int b = 0; b < 4; ++b)
+#pragma unroll
+    for (int i = 0; i < TW; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) afr[b][i][j] = 0u;
 
   auto compute = [&](const typename Stream::Stage& st, u32 slot_desc, auto&& after_first) {
 #pragma unroll
@@ -157,6 +176,7 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
       for (int tt = 0; tt < 4 / SZ; ++tt) {
         const int t = h * (4 / SZ) + tt;
         wait<PEND>();                                  // step t - PEND - 1 (buffer t of the last unit) has finished
+        retire(afr[(t + 3 - PEND) & 3]);               // that step's buffer: live until here (PEND <= 3)
 #pragma unroll
         for (int i = 0; i < TW; ++i) dec[i].fragment(awq_units::word(st.w[i], t), afr[t][i]);
         fence();
@@ -220,6 +240,8 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
       }
   }
   wait<0>();
+#pragma unroll
+  for (int b = 0; b < 4; ++b) retire(afr[b]);
 #pragma unroll
   for (int i = 0; i < TW; ++i) pin(acc[i]);
 

@@ -357,16 +357,23 @@ def test_wgmma_register_hazard_check_flags_a_planted_write():
         assert bool(sass_loop.wgmma_register_hazards(body)) == flagged, write
 
 
-def test_the_gemms_matmul_plans_are_not_serialized_by_ptxas(compiled):
+# A ptxas message of that kind, as NVRTC 13.5 printed it for the (16, 2, 3) variant before its fragment buffers
+# were kept live through their wgmmas' flight (awq_wg::retire, bench/NOTES.md v35).
+_C7513 = ("ptxas info    : (C7513) Potential Performance Loss: wgmma.mma_async instructions are serialized due to non "
+          "wgmma instructions defining input registers of a wgmma between start and end of the pipeline stage in the "
+          "function '_Z18awq_gemm_wg_kernelI6__halfLi16ELi2ELi3ELb1ELi3ELi1EEvPKT_PK5uint4PKjS8_S3_PS1_Pfiiiiiiiii' "
+          "in line 0")
+_SERIALIZED = re.compile(r"\(C751\d\) Potential Performance Loss.*?function '(\S+)'")
+
+
+def test_no_wgmma_gemm_variant_is_serialized_by_ptxas(compiled):
     """ptxas serializes wgmmas it cannot overlap safely and says so ("Potential Performance Loss: wgmma.mma_async
-    instructions are serialized", messages C7510-C7519): none for the wgmma GEMM variants of the shapes matmul
-    plans (kernels.GEMM_WG_DEFAULT, every dtype, PEND and K-stream count). The (16, 2, 3) variants, reachable only
-    with an explicit tiles=2, are serialized (C7513) and not checked here."""
+    instructions are serialized", messages C7510-C7519), which makes every wgmma wait for the one before. None of
+    the wgmma GEMM's variants may be (every shape, dtype, PEND and K-stream count). Until v35 the (16, 2, 3)
+    variants were (C7513): ptxas had put two of their fragment buffers in the same registers."""
+    assert _SERIALIZED.findall(_C7513) == ["_Z18awq_gemm_wg_kernelI6__halfLi16ELi2ELi3ELb1ELi3ELi1EEvPKT_PK5uint4PKjS8_S3_"
+                                           "PS1_Pfiiiiiiiii"]   # the pattern reads ptxas's message
     c = compiled.families[("gemm_wg", "90a")]
-    serialized = set(re.findall(r"\(C751\d\) Potential Performance Loss.*?function '(\S+)'", c.log))
-    defaults = set(kernels.GEMM_WG_DEFAULT.values())
-    shapes = {v: re.match(r"awq_gemm_wg_kernel<[^,]+, (\d+), (\d+), (\d+),", v) for v in c.lowered}
-    planned = [v for v, m in shapes.items() if m and tuple(int(t) for t in m.groups()) in defaults]
-    assert len(planned) >= 4 * len(defaults)   # two dtypes x aligned or not, at least
-    assert [v for v in planned if c.lowered[v] in serialized] == []
-    assert serialized, "the (16, 2, 3) variants' C7513 messages were found (the pattern still matches the log)"
+    gemms = [v for v in c.lowered if v.startswith("awq_gemm_wg_kernel")]
+    assert len(gemms) >= 2 * 2 * len(kernels.GEMM_WG_SHAPES)   # two dtypes x aligned or not, at least
+    assert "C751" not in c.log, [line for line in c.log.splitlines() if "C751" in line][:3]
