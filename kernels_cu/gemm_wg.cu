@@ -28,7 +28,7 @@
 // to overwrite is free, and at the barrier after unit u every wgmma of unit u - 1 has finished), decodes, fences
 // and issues TW wgmma. Each buffer is read again (awq_wg::retire) right after the wait that retires its wgmmas,
 // so that the compiler keeps it in its own registers while they run (it does not know that a wgmma still reads
-// them; v35: before, ptxas shared registers between two buffers of the (16, 2, 3) variants and serialized them).
+// them; bench/NOTES.md v34, v35).
 // Work split: CTA = 8 warps (2 warpgroups) x TW 16-column blocks per warp x BM tokens; grid (column tiles, splits,
 // token tiles); split-K partials summed by awq_splitk_reduce_kernel (gemm_tc.cu) in split order.
 // Variants: T x (NB, TW, P) x GA (table: awq_cupy/kernels.py GEMM_WG_SHAPES); awq_tile_x_kernel per T.
