@@ -38,16 +38,23 @@ def instructions(sass: str) -> list:
     return [(int(m.group(1), 16), m.group(2)) for m in map(_INS.match, sass.splitlines()) if m]
 
 
+def loops(ins: list) -> list:
+    """The (address, text) bodies of every loop: from a backward branch's target to the branch."""
+    found = []
+    for addr, text in ins:
+        m = _BACK.search(text)
+        if m and int(m.group(1), 16) < addr:
+            found.append([(a, t) for a, t in ins if int(m.group(1), 16) <= a <= addr])
+    return found
+
+
 def main_loop(ins: list) -> list:
     """The instructions of the longest loop (backward branch) with at least 8 tensor-core instructions."""
     best: list = []
-    for addr, text in ins:
-        m = _BACK.search(text)
-        if not m or int(m.group(1), 16) >= addr:
-            continue
-        body = [t for a, t in ins if int(m.group(1), 16) <= a <= addr]
-        if sum(any(op in t for op in _TENSOR) for t in body) >= 8 and len(body) > len(best):
-            best = body
+    for body in loops(ins):
+        texts = [t for _, t in body]
+        if sum(any(op in t for op in _TENSOR) for t in texts) >= 8 and len(texts) > len(best):
+            best = texts
     return best
 
 
@@ -141,11 +148,7 @@ def wgmma_register_hazards(ins: list) -> list:
     HGMMA with gsb0 and retired by `WARPGROUP.DEPBAR.LE gsb0, N` down to the N newest. ptxas serializes such code
     itself where it sees it (message C7513), but not across a loop's back edge (bench/NOTES.md v34)."""
     found = []
-    for addr, text in ins:
-        m = _BACK.search(text)
-        if not m or int(m.group(1), 16) >= addr:
-            continue
-        body = [(a, t) for a, t in ins if int(m.group(1), 16) <= a <= addr]
+    for body in loops(ins):
         if not any(opcode(t) == "HGMMA" for _, t in body):
             continue
         pending, open_group = [], set()

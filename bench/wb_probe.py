@@ -14,45 +14,18 @@ import cupy as cp
 import numpy as np
 
 import awq_cupy
-from awq_cupy import kernels, ops
+from awq_cupy import kernels
 from awq_cupy.bench import MODELS, Timer, rotated_weights
-from awq_cupy.jit import arch_of_device, as_i32
+from wb_launch import launch as launch_wb, variant_of, x_images
 
 ms = [int(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else [32, 64]
 # kernels: "S,D[,MODE[,CW]]" separated by ";" (template arguments of awq_gemm_wb_kernel; x always as images)
 specs = [tuple(int(v) for v in spec.split(",")) for spec in
          (sys.argv[2] if len(sys.argv) > 2 else "4,4").split(";")]
-STAGE = 256 * 128 + 64 * 144
-
-
-def variant_of(spec):
-    S, D, MODE, CW = (tuple(spec) + (0, 8)[len(spec) - 2:])[:4]
-    return f"awq_gemm_wb_kernel<__half, {S}, {D}, true, {MODE}, {CW}>", S, CW, MODE
-
-
 variants = [variant_of(sp) for sp in specs]
 kernels.FAMILIES["gemm_wb"] = dataclasses.replace(kernels.GEMM_WB, variants=lambda arch: tuple(v[0] for v in variants))
-arch = arch_of_device(0)
-sms = ops._sm_count(0)
 timer = Timer()
 rng = np.random.default_rng(0)
-
-
-def launch_wb(k, S, CW, x, w, y, M, splits):
-    Np = w.NT * 64
-    NT16, KS = Np // 16, w.KS
-    per = -(-KS // splits)
-    splits = -(-KS // per)
-    ws = ops._workspace(splits * M * Np, w.device) if splits > 1 else ops._NULL
-    k.launch((-(-NT16 // 16), splits), (32 * (CW + 8),),
-             (x, w.qtiles, w.scales, w.zeros, ops._NULL, y, ws, as_i32(M), as_i32(w.N), as_i32(w.K), as_i32(NT16),
-              as_i32(KS), as_i32(w.group_size), as_i32(w.NG), as_i32(Np), as_i32(per)),
-             smem=S * STAGE + 1024, pdl=True)
-    if splits > 1:
-        cols = ops.reduce_columns(M, w.N, sms)
-        rk = kernels.kernel("gemm_tc", kernels.reduce_variant("float16", cols))
-        rk.launch((min(-(-(M * w.N // cols) // 256), 4096),), (256,),
-                  (ws, ops._NULL, y, as_i32(M), as_i32(w.N), as_i32(Np), as_i32(splits)), pdl=True)
 
 
 sums = {}
@@ -62,12 +35,7 @@ for name, K, N in MODELS["mistral-7b"]:
     for M in ms:
         x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
         ref = awq_cupy.matmul(x, wq[0]).astype(cp.float32)
-        # x as per-unit images [KS][64][72]: unit ks's 64 rows of 64 k, 8 halves of padding, zeros past M and K
-        KS = wq[0].KS
-        xin = cp.zeros((KS, 64, 72), cp.float16)
-        xp = cp.zeros((M, KS * 64), cp.float16)
-        xp[:, :K] = x
-        xin[:, :M, :64] = xp.reshape(M, KS, 64).transpose(1, 0, 2)
+        xin = x_images(x, wq[0].KS)
         y = cp.empty((M, N), cp.float16)
         main = timer(lambda i: awq_cupy.matmul(x, wq[i % nq], out=y), max(20, nq), 3)
         print(f"{name:8s} M={M:3d}  matmul {main:6.1f}", flush=True)

@@ -359,10 +359,10 @@ def test_wgmma_register_hazard_check_flags_a_planted_write():
 
 # A ptxas message of that kind, as NVRTC 13.5 printed it for the (16, 2, 3) variant before its fragment buffers
 # were kept live through their wgmmas' flight (awq_wg::retire, bench/NOTES.md v35), checked against the pattern.
+_C7513_FUNCTION = "_Z18awq_gemm_wg_kernelI6__halfLi16ELi2ELi3ELb1ELi3ELi1EEvPKT_PK5uint4PKjS8_S3_PS1_Pfiiiiiiiii"
 _C7513 = ("ptxas info    : (C7513) Potential Performance Loss: wgmma.mma_async instructions are serialized due to non "
           "wgmma instructions defining input registers of a wgmma between start and end of the pipeline stage in the "
-          "function '_Z18awq_gemm_wg_kernelI6__halfLi16ELi2ELi3ELb1ELi3ELi1EEvPKT_PK5uint4PKjS8_S3_PS1_Pfiiiiiiiii' "
-          "in line 0")
+          f"function '{_C7513_FUNCTION}' in line 0")
 _SERIALIZED = re.compile(r"\(C751\d\) Potential Performance Loss.*?function '(\S+)'")
 
 
@@ -372,8 +372,7 @@ def test_the_gemms_matmul_plans_are_not_serialized_by_ptxas(compiled):
     the wgmma GEMM variants of the shapes matmul plans (kernels.GEMM_WG_DEFAULT, every dtype, PEND and K-stream
     count). The (16, 2, 3) variants, reached only with an explicit tiles=2, are not checked: NVRTC 12.9 and 13.0
     serialize them (C7513), 13.5 did too before awq_wg::retire and does not since (bench/NOTES.md v35)."""
-    mangled = "_Z18awq_gemm_wg_kernelI6__halfLi16ELi2ELi3ELb1ELi3ELi1EEvPKT_PK5uint4PKjS8_S3_PS1_Pfiiiiiiiii"
-    assert _SERIALIZED.findall(_C7513) == [mangled]   # the pattern reads ptxas's message
+    assert _SERIALIZED.findall(_C7513) == [_C7513_FUNCTION]   # the pattern reads ptxas's message
     c = compiled.families[("gemm_wg", "90a")]
     serialized = set(_SERIALIZED.findall(c.log))
     defaults = set(kernels.GEMM_WG_DEFAULT.values())
