@@ -70,7 +70,8 @@ GEMM_TC = KernelFamily("gemm_tc", "gemm_tc.cu", _gemm_variants, hot=True)
 # Swapped-operand tensor-core GEMV for M <= 16 (kernels_cu/gemv_tc.cu): token blocks of 8 per mma (NB), column
 # groups of TW 16-column blocks per warp unit, one or two scale groups per 64-k unit (GA: groups span whole 64-k
 # blocks, or there is one group), one or two units loaded ahead in registers. One CTA per SM of up to 16 warps (12
-# when TW * NB >= 4 and for (1, 3) with two scale groups per unit, 8 when TW * NB >= 8: registers).
+# when TW * NB >= 4 and for (1, 3) with two scale groups per unit, 8 when TW * NB >= 8: registers; the pairs at two
+# token blocks decode scaled weights and run 16 on sm_90, gemv_scaled).
 GEMV_TOKEN_BLOCKS = (1, 2)
 GEMV_SHAPES = ((1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2), (2, 3), (2, 4))   # (token blocks, tiles)
 # Shapes also built with two 64-k blocks per unit (template KD = 2; groups of whole 64-k blocks only): a unit of
@@ -78,9 +79,18 @@ GEMV_SHAPES = ((1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2), (2, 3), (2, 4))  
 GEMV_KD2_SHAPES = ((1, 2), (2, 2))
 
 
+def gemv_scaled(token_blocks: int, tiles: int, kdepth: int = 1) -> bool:
+    """Whether the GEMV variant multiplies by the rounded weights T((q - z) * s), like the GEMMs and ``dequantize``
+    (``awq_gemv::Scaled`` in the kernel: the plain pairs at two token blocks), instead of the exact (q - z) with
+    the scales applied to fp32 group sums (every other variant)."""
+    return token_blocks == 2 and tiles == 2 and kdepth == 1
+
+
 def gemv_max_warps(token_blocks: int, tiles: int, arch: Arch, aligned: bool = True, kdepth: int = 1) -> int:
     """Warps per CTA the variant is compiled for (``awq_gemv::Bounds`` in the kernel, by blocks per unit =
     tiles x kdepth; ``aligned``: GA)."""
+    if gemv_scaled(token_blocks, tiles, kdepth) and arch.cc >= 90:
+        return 16
     tiles *= kdepth
     if tiles * token_blocks >= 8:
         return 8

@@ -248,8 +248,10 @@ def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
     programmatic dependent launch (``uses_pdl``): they may start before the previous awq_cupy kernel of the stream
     has finished and read ``w`` meanwhile, so that kernel must not be the one writing ``w``.
     Dispatch by M (table: ``awq_cupy.dispatch``): small M (up to 16 on the H200) runs the swapped-operand
-    tensor-core GEMV (kernels_cu/gemv_tc.cu; exact (q - z) in the mma, scales applied to fp32 group sums, partial
-    sums added in a fixed order: bitwise reproducible run to run); middle M runs the tensor-core GEMM
+    tensor-core GEMV (kernels_cu/gemv_tc.cu; exact (q - z) in the mma, scales applied to fp32 group sums, but for
+    the variant of 16-column block pairs at 9..16 rows, which multiplies by (q - z) * s rounded once like the GEMM
+    (``rounds_weights``); partial sums added in a fixed order: bitwise reproducible run to run); middle M runs the
+    tensor-core GEMM
     (kernels_cu/gemm_wg.cu with Hopper wgmma on compute capability 9.0, kernels_cu/gemm_tc.cu with mma.sync
     elsewhere; (q - z) * s rounded once in x's dtype, fp32 split-K partials added in a fixed order); large fp16 M
     runs dequantize + cuBLAS (a temporary dense [K, N] weight), except while the stream is capturing a CUDA graph,
@@ -325,10 +327,24 @@ def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
 _NULL = np.uint64(0)      # a null pointer argument
 
 
-def rounds_weights(M: int, batch_invariant: bool = False, arch_key: str = "90") -> bool:
+def rounds_weights(M: int, batch_invariant: bool = False, arch_key: str = "90", *, K: int | None = None,
+                   N: int | None = None, group_size: int | None = None, dtype: str = "float16",
+                   sm_count: int = 132) -> bool:
     """Whether matmul at this M multiplies x by the weights rounded to x's dtype, T((q - z) * s) (like
-    ``dequantize``), or by the exact (q - z) * s with the scale applied to fp32 group sums (the GEMV)."""
-    return batch_invariant or M > dispatch.for_arch(arch_key).gemv_max_m
+    ``dequantize``), or by the exact (q - z) * s with the scale applied to fp32 group sums (the GEMV). At GEMV
+    sizes that depends on the launch plan (kernels.gemv_scaled: the pairs at two token blocks round), so give the
+    weight's K, N, group size, the activations' dtype and the GPU's SM count; without K and N the answer is the
+    other GEMV variants' (exact)."""
+    if batch_invariant or M > dispatch.for_arch(arch_key).gemv_max_m:
+        return True
+    if K is None or N is None:
+        return False
+    from .jit import ARCHS
+    from .kernels import gemv_scaled
+
+    p = plan_gemv(M, K, N, K if group_size is None else group_size, arch=ARCHS[arch_key], sm_count=sm_count,
+                  dtype=dtype)
+    return gemv_scaled(p["token_blocks"], p["tiles"], p["kdepth"])
 
 
 def uses_cublas(M: int, dtype: str, arch_key: str = "90", batch_invariant: bool = False, *, K: int | None = None,

@@ -37,10 +37,22 @@ def kernel_weight(Q, Z, S, G, kind, rounded=True):
 
 
 def matmul_weight(Q, Z, S, G, kind, M, batch_invariant=False):
-    """The weight matmul multiplies by at this M (see awq_cupy.ops.rounds_weights)."""
-    from awq_cupy.ops import rounds_weights
+    """The weight matmul multiplies by at this M on this GPU (see awq_cupy.ops.rounds_weights)."""
+    from awq_cupy.jit import arch_of_device
+    from awq_cupy.ops import _sm_count, rounds_weights
 
-    return kernel_weight(Q, Z, S, G, kind, rounded=rounds_weights(M, batch_invariant))
+    K, N = Q.shape
+    rounded = rounds_weights(M, batch_invariant, arch_of_device(0).key, K=K, N=N, group_size=G, dtype=kind,
+                             sm_count=_sm_count(0))
+    return kernel_weight(Q, Z, S, G, kind, rounded=rounded)
+
+
+def gemv_weight(Q, Z, S, G, kind, M, tiles, kdepth=1):
+    """The weight the GEMV variant of ``tiles`` blocks per unit (and ``kdepth`` 64-k blocks) multiplies by at M
+    rows (awq_cupy.kernels.gemv_scaled)."""
+    from awq_cupy.kernels import gemv_scaled
+
+    return kernel_weight(Q, Z, S, G, kind, rounded=gemv_scaled(-(-M // 8), tiles, kdepth))
 
 
 def random_x(rng, M, K, kind, scale=1.0):

@@ -132,11 +132,12 @@ def test_gemv_plan_fits_the_arch(M, arch):
 
 def test_gemv_two_k_blocks_per_unit_where_the_h200_measured_them_faster():
     """The pair variant with two 64-k blocks per unit (bench/results/h200_gemv_sweep_v29.txt, h200_gemv_kd2_v29.txt):
-    chosen for Mistral-7B o and down (two blocks per CTA), where it ties with pairs at M = 1 and is faster from 8
-    tokens on (bf16: from 9), not where threes or fours were faster, nor for groups that split a 64-k block."""
+    chosen for Mistral-7B o and down (two blocks per CTA) up to 8 tokens (fp16), where it ties with pairs at M = 1
+    and is faster at 8; not where threes or fours were faster, nor for groups that split a 64-k block, nor from 9
+    tokens, where the plain pairs (scaled weights, 16 warps) are faster (h200_gemv_sweep_v36_m16.txt)."""
     from awq_cupy.bench import MODELS
 
-    kd2 = {("mistral-7b", 1): {"o", "down"}, ("mistral-7b", 16): {"o", "down"},
+    kd2 = {("mistral-7b", 1): {"o", "down"}, ("mistral-7b", 16): set(),
            ("llama-2-70b", 1): set(), ("llama-2-70b", 16): set()}
     for (model, M), want in kd2.items():
         for m in (M, 8) if M == 1 else (M, 9):
@@ -144,7 +145,11 @@ def test_gemv_two_k_blocks_per_unit_where_the_h200_measured_them_faster():
             assert got == want, (model, m, got)
     bf16 = {m: {n for n, K, N in MODELS["mistral-7b"] if plan_gemv(m, K, N, 128, dtype="bfloat16")["kdepth"] == 2}
             for m in (1, 8, 9, 16)}
-    assert bf16 == {1: set(), 8: set(), 9: {"o", "down"}, 16: {"o", "down"}}
+    assert bf16 == {1: set(), 8: set(), 9: set(), 16: set()}
+    for m in (9, 16):   # the scaled pairs at 16 warps instead
+        for dt in ("float16", "bfloat16"):
+            p = plan_gemv(m, 14336, 4096, 128, dtype=dt)
+            assert (p["tiles"], p["kdepth"], p["warps"]) == (2, 1, 16), (m, dt, p)
     for name, K, N in MODELS["mistral-7b"]:
         p = plan_gemv(1, K, N, 128)
         assert p["tiles"] == (3 if name in ("qkv", "gate_up") else 2), name
@@ -161,6 +166,19 @@ def test_gemv_two_k_blocks_per_unit_where_the_h200_measured_them_faster():
     assert plan_gemv(16, 4096, 4096, 128, tiles=2, kdepth=2)["warps"] == 8
     assert plan_gemv(1, 4096, 28672, 128, kdepth=2)["tiles"] == 2     # kdepth 2 alone: pairs
     assert plan_gemv(1, 4096, 28672, 128, kdepth=1)["tiles"] == 3     # kdepth 1 alone: the slot rule's tiles
+
+
+def test_gemv_scaled_pairs_and_their_warps():
+    """The pairs at two token blocks (and only they) decode scaled weights (kernels_cu/gemv_tc.cu awq_gemv::Scaled),
+    which gives them 16 warps on sm_90 (128 registers, no spill) and keeps the other archs' bounds."""
+    from awq_cupy.jit import ARCHS
+
+    scaled = {(nb, tw, kd) for nb, tw in kernels.GEMV_SHAPES for kd in (1, 2) if kernels.gemv_scaled(nb, tw, kd)}
+    assert scaled == {(2, 2, 1)}
+    assert kernels.gemv_max_warps(2, 2, ARCHS["90"]) == 16 and kernels.gemv_max_warps(2, 2, ARCHS["90"], False) == 16
+    assert kernels.gemv_max_warps(2, 2, ARCHS["89"]) == 12 and kernels.gemv_max_warps(2, 2, ARCHS["75"]) == 8
+    assert kernels.gemv_max_warps(2, 2, ARCHS["90"], kdepth=2) == 8
+    assert plan_gemv(16, 4096, 4096, 32)["warps"] == 16    # also with two scale groups per 64-k block
 
 
 def test_gemv_plan_rejects_bad_m():
@@ -191,13 +209,13 @@ def test_gemv_tiles_choice():
     for M, table in ((1, up_to_8), (8, up_to_8), (9, up_to_16), (16, up_to_16)):
         for NT16, tiles in table:
             assert gemv_tiles_for(M, NT16, 132) == tiles, (M, NT16)
-    # bf16: (2, 3) measured slower than fours at 3 and 14 blocks per CTA, so two token blocks keep fours and pairs
-    # (Mistral-7B measured; at 5 blocks per CTA fours by the model, and the plan takes two-k-block pairs)
-    for NT16, tiles in ((256, 2), (384, 4), (1792, 4), (512, 4), (640, 4), (3584, 4)):
+    # bf16 at two token blocks (Mistral-7B measured, h200_gemv_sweep_v36_m16.txt): the same choices as fp16; the v29
+    # sweep had (2, 3) slower than fours at 3 and 14 blocks per CTA, the v36 one faster
+    for NT16, tiles in up_to_16:
         assert gemv_tiles_for(16, NT16, 132, "bfloat16") == tiles, NT16
     assert gemv_tiles_for(1, 384, 132, "bfloat16") == 3
     assert gemv_tiles_for(1, 1792, 132, "bfloat16") == 3
-    assert plan_gemv(16, 4096, 6144, 128, dtype="bfloat16")["tiles"] == 4
+    assert plan_gemv(16, 4096, 6144, 128, dtype="bfloat16")["tiles"] == 3
     assert plan_gemv(16, 4096, 6144, 128)["tiles"] == 3
     assert gemv_tiles_for(1, 4, 4) == 1          # one block per CTA
     assert gemv_tiles_for(16, 132, 132) == 1
@@ -207,9 +225,9 @@ def test_gemv_tiles_choice():
     assert gemv_tiles_for(1, 1792, 132, slot={2: 1.0, 4: 1.2}) == 2      # a table may leave variants out
 
 
-# The H200 sweep (bench/results/h200_gemv_sweep_v29.txt, us, the fastest warp count of each variant, "2x2": pairs
-# with two 64-k blocks per unit): (blocks per CTA, {tiles: us}) for Mistral-7B qkv, o, gate_up, down and (fp16)
-# Llama-2-70B qkv, o, gate_up, down; M = 1 (one token block) and 16 (two).
+# The H200 sweeps (us, the fastest warp count of each variant, "2x2": pairs with two 64-k blocks per unit): (blocks
+# per CTA, {tiles: us}) for Mistral-7B qkv, o, gate_up, down and (fp16) Llama-2-70B qkv, o, gate_up, down; M = 1
+# (one token block, bench/results/h200_gemv_sweep_v29.txt) and 16 (two, h200_gemv_sweep_v36_m16.txt).
 _H200_SWEEP = {
     ("float16", 1): [
         (3, {3: 6.0, 4: 7.1, 2: 7.2, "2x2": 7.5}), (2, {2: 5.2, 3: 5.5, 4: 6.8, "2x2": 5.2}),
@@ -217,16 +235,16 @@ _H200_SWEEP = {
         (5, {3: 15.8, 2: 17.3, 4: 19.4, "2x2": 17.0}), (4, {4: 12.3, 2: 13.0, 3: 15.2, "2x2": 12.8}),
         (28, {4: 67.1, 3: 70.5, 2: 73.3, "2x2": 70.2}), (4, {4: 35.5, 2: 38.1, 3: 46.4, "2x2": 37.0})],
     ("float16", 2): [
-        (3, {3: 7.9, 4: 8.7, 2: 10.4, "2x2": 9.7}), (2, {2: 6.9, 3: 7.5, 4: 8.2, "2x2": 6.4}),
-        (14, {3: 26.0, 4: 27.3, 2: 28.7, "2x2": 26.8}), (2, {2: 16.6, 3: 18.4, 4: 22.2, "2x2": 16.4}),
-        (5, {3: 21.7, 2: 24.4, 4: 26.8, "2x2": 23.3}), (4, {4: 15.4, 2: 18.6, 3: 21.4, "2x2": 16.8}),
-        (28, {4: 89.9, 3: 91.6, 2: 104.9, "2x2": 96.4}), (4, {4: 46.2, 2: 54.2, 3: 62.6, "2x2": 49.9})],
+        (3, {3: 7.8, 4: 8.5, "2x2": 8.8, 2: 8.9}), (2, {2: 6.2, "2x2": 6.4, 3: 7.3, 4: 8.1}),
+        (14, {3: 24.7, "2x2": 25.0, 2: 25.4, 4: 26.1}), (2, {2: 14.6, "2x2": 16.3, 3: 18.1, 4: 21.8}),
+        (5, {3: 20.5, "2x2": 21.5, 2: 21.7, 4: 25.4}), (4, {4: 15.1, "2x2": 15.4, 2: 15.6, 3: 20.0}),
+        (28, {4: 87.0, 3: 87.6, "2x2": 89.3, 2: 93.8}), (4, {4: 45.0, 2: 46.2, "2x2": 46.5, 3: 60.9})],
     ("bfloat16", 1): [
         (3, {3: 6.0, 4: 7.4, 2: 7.5, "2x2": 7.9}), (2, {2: 5.4, 3: 5.6, 4: 7.1, "2x2": 5.3}),
         (14, {3: 19.7, 4: 21.1, 2: 21.2, "2x2": 21.1}), (2, {2: 12.2, 3: 14.1, 4: 18.2, "2x2": 12.4})],
     ("bfloat16", 2): [
-        (3, {4: 8.8, 3: 9.2, 2: 10.3, "2x2": 9.9}), (2, {2: 6.9, 4: 8.5, 3: 8.8, "2x2": 6.5}),
-        (14, {4: 27.7, 2: 28.5, 3: 30.9, "2x2": 27.9}), (2, {2: 16.7, 3: 22.0, 4: 23.4, "2x2": 16.6})],
+        (3, {3: 7.8, 4: 8.6, 2: 9.0, "2x2": 9.1}), (2, {2: 6.3, "2x2": 6.5, 3: 7.4, 4: 8.3}),
+        (14, {3: 25.1, "2x2": 25.8, 2: 25.9, 4: 26.5}), (2, {2: 14.8, "2x2": 16.6, 3: 18.4, 4: 22.7})],
 }
 
 
@@ -331,13 +349,17 @@ def test_gemv_kd2_slot_in_the_dispatch_table(tmp_path, monkeypatch):
     monkeypatch.setenv("AWQ_CUPY_DISPATCH", str(path))
     dispatch.reload()
     assert plan_gemv(1, 4096, 4096, 128)["kdepth"] == 2                      # built-in (H200): o on KD 2 pairs
+    builtin16 = plan_gemv(16, 4096, 4096, 128)                               # (the scaled plain pairs, v36)
     never = {"float16": {1: 1.5}}
     dispatch.write_table(path, {"90": dispatch.Dispatch(gemv_max_m=16, cublas_min_m=768, gemv_kd2_slot=never)}, {})
     row = dispatch.for_arch("90")
     assert row.gemv_kd2_slot == never and row.gemv_kd2_for("float16", 1) == 1.5
     assert row.gemv_kd2_for("float16", 2) == dispatch.H200_GEMV_KD2_SLOT["float16"][2]   # not measured: the H200's
     assert plan_gemv(1, 4096, 4096, 128)["kdepth"] == 1 and plan_gemv(1, 4096, 4096, 128)["tiles"] == 2
-    assert plan_gemv(16, 4096, 4096, 128)["kdepth"] == 2
+    assert plan_gemv(16, 4096, 4096, 128) == builtin16
+    dispatch.write_table(path, {"90": dispatch.Dispatch(gemv_max_m=16, cublas_min_m=768,
+                                                         gemv_kd2_slot={"float16": {2: 1.0}})}, {})
+    assert plan_gemv(16, 4096, 4096, 128)["kdepth"] == 2                    # a row that measured them faster
     assert dispatch.TABLE["default"].gemv_kd2_for("float32", 1) is None
     _assert_rejected(path, "gemv_kd2_slot", (
         ({"float32": {1: 1.0}}, "float32"), ({"float16": {3: 1.0}}, "token blocks"), ({"float16": {1: 0}}, "positive"),
@@ -808,6 +830,11 @@ def test_dispatch_table_is_consistent():
     d = dispatch.for_arch("90")
     assert not rounds_weights(d.gemv_max_m) and rounds_weights(d.gemv_max_m + 1)
     assert rounds_weights(1, batch_invariant=True)
+    # at GEMV sizes it depends on the plan: the pairs at two token blocks multiply by the rounded weights
+    down = dict(K=14336, N=4096, group_size=128)
+    assert rounds_weights(16, **down) and rounds_weights(9, **down, dtype="bfloat16")
+    assert not rounds_weights(8, **down) and not rounds_weights(16, K=4096, N=28672, group_size=128)
+    assert not rounds_weights(16)                     # no shape: the other variants' answer
     assert uses_cublas(d.cublas_min_m, "float16") and not uses_cublas(d.cublas_min_m - 1, "float16")
     assert not uses_cublas(10**6, "bfloat16") and not uses_cublas(10**6, "float16", batch_invariant=True)
 

@@ -10,7 +10,8 @@ from safetensors.numpy import load_file
 import awq_cupy
 from awq_cupy import formats, layout, reference
 from conftest import FIXTURES
-from gpu_util import assert_matmul_close, kernel_weight, matmul_weight, np_dtype, random_layer, random_x
+from gpu_util import (assert_matmul_close, gemv_weight, kernel_weight, matmul_weight, np_dtype, random_layer,
+                      random_x)
 
 pytestmark = pytest.mark.gpu
 
@@ -241,7 +242,6 @@ GEMV_SHAPES = [(4096, 1024, 128), (1000, 200, -1), (384, 4160, 32), (768, 96, 96
 def test_gemv_variants_against_reference(rng, tiles, K, N, G, kind):
     Q, Z, S, G = random_layer(rng, K, N, G)
     w = _weight(Q, Z, S, G, kind)
-    W64 = kernel_weight(Q, Z, S, G, kind, rounded=False)
     bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
     from awq_cupy.kernels import GEMV_SHAPES as instantiated
 
@@ -249,6 +249,7 @@ def test_gemv_variants_against_reference(rng, tiles, K, N, G, kind):
         if (-(-M // 8), tiles) not in instantiated:
             continue
         x = random_x(rng, M, K, kind)
+        W64 = gemv_weight(Q, Z, S, G, kind, M, tiles)
         assert_matmul_close(_gemv(x, w, tiles, bias), x, W64, kind, bias=bias,
                             what=f"GEMV tiles={tiles} {K}x{N} G={G} M={M} {kind}")
 
@@ -281,17 +282,23 @@ def test_gemv_two_k_blocks_per_unit_against_reference(rng, K, N, G, kind):
 @pytest.mark.parametrize("kind", ["float16", "bfloat16"])
 def test_matmul_takes_two_k_block_pairs_where_planned(rng, kind):
     """A layer of two 16-column blocks per CTA (4096 x 4096, like Mistral-7B's o) runs the two-k-block pairs through
-    matmul's own plan where the dispatch table says so (fp16 at every M <= 16, bf16 from 9 rows), and gives the
-    reference's result."""
-    from awq_cupy import ops
+    matmul's own plan where the dispatch table says so (fp16 up to 8 rows), and from 9 rows the plain pairs, which
+    multiply by the rounded weights (16 warps on sm_90); both give the reference's result."""
+    from awq_cupy import kernels, ops
+    from awq_cupy.jit import arch_of_device
 
     K, N = 4096, 4096
     Q, Z, S, G = random_layer(rng, K, N, 128)
     w = _weight(Q, Z, S, G, kind)
-    W64 = kernel_weight(Q, Z, S, G, kind, rounded=False)
     for M in (1, 8, 9, 16):
-        plan = ops.plan_gemv(M, K, N, G, sm_count=ops._sm_count(0), dtype=kind)
-        assert plan["kdepth"] == (2 if kind == "float16" or M > 8 else 1), (M, plan)
+        W64 = matmul_weight(Q, Z, S, G, kind, M)
+        arch, sms = arch_of_device(0), ops._sm_count(0)
+        plan = ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, dtype=kind)
+        assert plan["kdepth"] == (2 if kind == "float16" and M <= 8 else 1), (M, plan)
+        if M > 8:
+            assert plan["tiles"] == 2 and kernels.gemv_scaled(2, 2) and ops.rounds_weights(
+                M, arch_key=arch.key, K=K, N=N, group_size=G, dtype=kind, sm_count=sms), (M, plan)
+            assert plan["warps"] == (16 if arch.cc >= 90 else 12), (M, plan)
         x = random_x(rng, M, K, kind)
         assert_matmul_close(_run(x, w), x, W64, kind, what=f"matmul {K}x{N} M={M} {kind} kdepth={plan['kdepth']}")
 
@@ -300,12 +307,12 @@ def test_gemv_every_warp_count(rng):
     K, N, G = 2048, 4160, 128
     Q, Z, S, G = random_layer(rng, K, N, G)
     w = _weight(Q, Z, S, G, "float16")
-    W64 = kernel_weight(Q, Z, S, G, "float16", rounded=False)
     from awq_cupy.kernels import GEMV_SHAPES
 
     for nb, tiles in GEMV_SHAPES:
         M = 8 * nb - 3
         x = random_x(rng, M, K, "float16")
+        W64 = gemv_weight(Q, Z, S, G, "float16", M, tiles)
         for warps in (16, 12, 7, 4, 1):
             try:
                 y = _gemv(x, w, tiles, warps=warps)
@@ -326,12 +333,12 @@ def test_gemv_short_column_groups_against_reference(rng, G):
     K, N = 1088, 16 * (6 * sms + sms // 2)
     Q, Z, S, G = random_layer(rng, K, N, G)
     w = _weight(Q, Z, S, G, "float16")
-    W64 = kernel_weight(Q, Z, S, G, "float16", rounded=False)
     for nb, tiles in instantiated:
         if tiles == 1:
             continue
         M = 8 * nb - 5
         x = random_x(rng, M, K, "float16")
+        W64 = gemv_weight(Q, Z, S, G, "float16", M, tiles)
         most = ops.plan_gemv(M, K, N, G, sm_count=sms, tiles=tiles)["warps"]
         for warps in sorted({most, 7, 2, 1}):
             y = _gemv(x, w, tiles, warps=warps)
@@ -348,6 +355,7 @@ def test_gemv_is_deterministic_and_rows_are_independent(rng):
     w = _weight(Q, Z, S, G, "float16")
     x = random_x(rng, 16, K, "float16")
     from awq_cupy.kernels import GEMV_SHAPES as instantiated
+    from awq_cupy.kernels import gemv_scaled
 
     for tiles in (1, 2, 3, 4):
         rows = np.concatenate([_gemv(x[i:i + 1], w, tiles) for i in range(16)])
@@ -357,7 +365,9 @@ def test_gemv_is_deterministic_and_rows_are_independent(rng):
                 continue
             a, b = _gemv(x[:M], w, tiles), _gemv(x[:M], w, tiles)
             np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=f"run to run, M={M}")
-            if plan_gemv(M, K, N, G, tiles=tiles)["warps"] == one["warps"]:
+            # the same plan, and the same decode (kernels.gemv_scaled: the pairs at two token blocks round)
+            if (plan_gemv(M, K, N, G, tiles=tiles)["warps"] == one["warps"]
+                    and gemv_scaled(-(-M // 8), tiles) == gemv_scaled(1, tiles)):
                 np.testing.assert_array_equal(a.view(np.uint16), rows[:M].view(np.uint16), err_msg=f"rows, M={M}")
 
 
@@ -377,13 +387,13 @@ def test_gemv_compiled_for_the_launch_shape(rng, K, N, G, kind, monkeypatch):
 
     Q, Z, S, G = random_layer(rng, K, N, G)
     w = _weight(Q, Z, S, G, kind)
-    W64 = kernel_weight(Q, Z, S, G, kind, rounded=False)
     bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
     arch, sms = arch_of_device(0), ops._sm_count(0)
     for M in (1, 5, 9, 16):
         x = random_x(rng, M, K, kind)
         xg = cp.asarray(x)
         base = ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, dtype=kind)
+        W64 = gemv_weight(Q, Z, S, G, kind, M, base["tiles"], base["kdepth"])
         for warps in sorted({base["warps"], 3}):
             p = ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, dtype=kind, tiles=base["tiles"],
                               kdepth=base["kdepth"], warps=warps)
@@ -678,7 +688,7 @@ def test_capture_of_a_launch_shape_not_seen_yet(rng):
         eager = awq_cupy.matmul(x, w)                 # now compiled for the shape
         assert len(ops._gemv_shape_kernels) == compiled_before + 1, plan
         np.testing.assert_array_equal(y.get().view(np.uint16), eager.get().view(np.uint16), err_msg=f"M={M}")
-        assert_matmul_close(eager.get(), x.get(), kernel_weight(Q, Z, S, G, "float16", rounded=False), "float16",
+        assert_matmul_close(eager.get(), x.get(), matmul_weight(Q, Z, S, G, "float16", M), "float16",
                             what=f"M={M}")
 
 
