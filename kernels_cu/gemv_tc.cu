@@ -33,6 +33,8 @@
 // (bench/NOTES.md, v10, bench/stream_probe.py). x is read through L1 (every warp of the CTA reads the same rows).
 // Math: the weights enter the mma as exact (q - z); each group's fp32 sum is multiplied by the channel's scale
 // at the group's end, once per group (GA: groups of whole 64-k blocks, or one group) or per 32 k (G % 64 == 32).
+// Except the pairs at two token blocks (awq_gemv::Scaled): they multiply by T((q - z) s) like the GEMMs, summed
+// straight into the fp32 accumulators, which frees the registers for 16 warps on sm_90 (bench/NOTES.md v36).
 // Variants: T x (NB, TW) x GA, and (NB, 2) with KD = 2 (table: awq_cupy/kernels.py); W (warps per CTA) is a launch
 // parameter; THR and STG (launch bound, register stages) default to awq_gemv::Bounds of TW x KD blocks per unit and
 // are knobs for bench/gemv_stages.py. With AWQ_GEMV_SHAPE defined, a variant is compiled for one launch shape
