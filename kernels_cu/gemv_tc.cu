@@ -62,8 +62,8 @@ template <int NB, int TW, bool GA> struct Bounds {
 // Whether a variant multiplies by the rounded weights T((q - z) s) (ScaledDecoder, as the GEMMs and dequantize do)
 // instead of the exact (q - z) with the scales applied to fp32 group sums: the plain pairs at two token blocks.
 // On the H200 the scaled decode at 16 warps ran those pairs 7-14% faster than the exact one at 12 (and at 16, where
-// the exact decode needs all 128 registers), e.g. Mistral-7B down at M = 16 16.9 -> 15.7 us. awq_cupy.ops
-// (gemv_rounds_weights) mirrors this.
+// the exact decode needs all 128 registers), e.g. Mistral-7B down at M = 16 16.9 -> 15.7 us. awq_cupy.kernels
+// gemv_scaled mirrors this (and ops.rounds_weights tells callers which weights matmul multiplies).
 template <int NB, int TW, int KD> struct Scaled {
   static constexpr bool value = NB == 2 && TW == 2 && KD == 1;
 };
@@ -155,6 +155,8 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
     u64 fd_grid, u64 fd_w, u64 fd_kq, u64 fd_g) {   // fast dividers (fastdiv) by gridDim.x, W, KQ and G
   constexpr int SZ = GA ? 1 : 2;      // scale groups per 64-k block
   static_assert(KD == 1 || (KD == 2 && GA), "two 64-k blocks per unit need groups of whole blocks");
+  static_assert(awq_gemv::Bounds<NB, TW * KD, GA>::scaled_pairs == awq_gemv::Scaled<NB, TW, KD>::value,
+                "the scaled pairs' launch bound belongs to the scaled pairs alone");
   const int KQ = KD == 1 ? KS : (KS + KD - 1) / KD;   // units per column group
   extern __shared__ __align__(16) unsigned char smem[];
 
