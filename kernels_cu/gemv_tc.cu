@@ -47,25 +47,23 @@ namespace awq_gemv {
 // Threads per CTA the kernel is compiled for (registers: the one-unit-ahead pipeline of 4 blocks needs ~160, of
 // 4 blocks x 2 token blocks 225-254). sm_75 has fewer registers per thread at 384 threads than the 4-block variant
 // needs without spilling.
-template <int NB, int TW, bool GA> struct Bounds {
-  // Two token blocks x two blocks per unit (only the plain pairs have that) decode scaled weights (Scaled below),
-  // which lets sm_90 run them at 16 warps: 126-128 registers, no spill (bench/NOTES.md v36).
-  static constexpr bool scaled_pairs = NB == 2 && TW == 2;
+// Whether a variant multiplies by the rounded weights T((q - z) s) (ScaledDecoder, as the GEMMs and dequantize do)
+// instead of the exact (q - z) with the scales applied to fp32 group sums: the plain pairs at two token blocks.
+// Without the group sums they fit 16 warps on sm_90 (126-128 registers, no spill), where the scaled decode ran them
+// 7-14% faster than the exact one at 12 (and at 16, where the exact decode needs all 128 registers), e.g.
+// Mistral-7B down at M = 16 16.9 -> 15.7 us (bench/NOTES.md v36). awq_cupy.kernels gemv_scaled mirrors this (and
+// ops.rounds_weights tells callers which weights matmul multiplies).
+template <int NB, int TW, int KD> struct Scaled {
+  static constexpr bool value = NB == 2 && TW == 2 && KD == 1;
+};
+template <int NB, int TW, bool GA, bool SC> struct Bounds {   // TW: blocks per unit (x KD); SC: Scaled
   // (1, 3) with two scale groups per unit spills at 512 threads: it takes the 4-block bound
   static constexpr int threads =
       (TW * NB >= 8) ? 256
-      : (scaled_pairs && AWQ_CUPY_CC >= 900) ? 512
+      : (SC && AWQ_CUPY_CC >= 900) ? 512
       : (TW * NB >= 4 || (TW == 3 && !GA)) ? (AWQ_CUPY_CC < 800 ? 256 : 384) : 512;
   // units in registers (S - 1 loading ahead); two scale groups per unit cost too many registers for three
   static constexpr int stages = (NB == 1 && (TW == 1 || (TW == 2 && GA))) ? 3 : 2;
-};
-// Whether a variant multiplies by the rounded weights T((q - z) s) (ScaledDecoder, as the GEMMs and dequantize do)
-// instead of the exact (q - z) with the scales applied to fp32 group sums: the plain pairs at two token blocks.
-// On the H200 the scaled decode at 16 warps ran those pairs 7-14% faster than the exact one at 12 (and at 16, where
-// the exact decode needs all 128 registers), e.g. Mistral-7B down at M = 16 16.9 -> 15.7 us. awq_cupy.kernels
-// gemv_scaled mirrors this (and ops.rounds_weights tells callers which weights matmul multiplies).
-template <int NB, int TW, int KD> struct Scaled {
-  static constexpr bool value = NB == 2 && TW == 2 && KD == 1;
 };
 }  // namespace awq_gemv
 
@@ -140,8 +138,9 @@ __device__ __noinline__ void awq_gemv_shared_groups(const float* __restrict__ pa
 }
 
 // THR, STG: the launch bound and the register stages, by default from awq_gemv::Bounds.
-template <typename T, int NB, int TW, bool GA, int KD = 1, int THR = awq_gemv::Bounds<NB, TW * KD, GA>::threads,
-          int STG = awq_gemv::Bounds<NB, TW * KD, GA>::stages>
+template <typename T, int NB, int TW, bool GA, int KD = 1,
+          int THR = awq_gemv::Bounds<NB, TW * KD, GA, awq_gemv::Scaled<NB, TW, KD>::value>::threads,
+          int STG = awq_gemv::Bounds<NB, TW * KD, GA, awq_gemv::Scaled<NB, TW, KD>::value>::stages>
 __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
     const T* __restrict__ x,          // [M, K] activations
     const uint4* __restrict__ qtiles, // [NT16][KS][32] weight blocks
@@ -155,8 +154,6 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
     u64 fd_grid, u64 fd_w, u64 fd_kq, u64 fd_g) {   // fast dividers (fastdiv) by gridDim.x, W, KQ and G
   constexpr int SZ = GA ? 1 : 2;      // scale groups per 64-k block
   static_assert(KD == 1 || (KD == 2 && GA), "two 64-k blocks per unit need groups of whole blocks");
-  static_assert(awq_gemv::Bounds<NB, TW * KD, GA>::scaled_pairs == awq_gemv::Scaled<NB, TW, KD>::value,
-                "the scaled pairs' launch bound belongs to the scaled pairs alone");
   const int KQ = KD == 1 ? KS : (KS + KD - 1) / KD;   // units per column group
   extern __shared__ __align__(16) unsigned char smem[];
 
@@ -357,59 +354,46 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
           }
       }
     };
-    if constexpr (awq_gemv::Scaled<NB, TW, KD>::value) {   // T((q - z) s) into acc: no group sums to flush
+    // The scaled pairs (awq_gemv::Scaled) sum T((q - z) s) straight into acc; the others the exact (q - z) into
+    // accg, scaled per group by flush().
+    constexpr bool SC = awq_gemv::Scaled<NB, TW, KD>::value;
+    float (&sums)[TW][NB][4] = SC ? acc : accg;
+#pragma unroll
+    for (int d = 0; d < KD; ++d) {
 #pragma unroll
       for (int h = 0; h < SZ; ++h) {
-        ScaledDecoder<T> sdec[TW];
+        ScaledDecoder<T> dec[TW];                    // !SC: only its exact part, dec[i].dec
 #pragma unroll
-        for (int i = 0; i < TW; ++i) sdec[i].set(st.z[0][h][i], st.s[0][h][i]);
+        for (int i = 0; i < TW; ++i) {
+          if constexpr (SC) dec[i].set(st.z[d][h][i], st.s[d][h][i]);
+          else dec[i].dec.set_zeros(st.z[d][h][i]);
+        }
 #pragma unroll
         for (int tt = 0; tt < 4 / SZ; ++tt) {
-          const int t = h * (4 / SZ) + tt;
+          const int t = h * (4 / SZ) + tt;           // k16 step of the block
 #pragma unroll
           for (int i = 0; i < TW; ++i) {
             u32 a[4];
-            const uint4& w = st.w[0][i];
-            sdec[i].fragment(t == 0 ? w.x : t == 1 ? w.y : t == 2 ? w.z : w.w, a);
+            const uint4& w = st.w[d][i];
+            const u32 word = t == 0 ? w.x : t == 1 ? w.y : t == 2 ? w.z : w.w;
+            if constexpr (SC) dec[i].fragment(word, a);
+            else dec[i].dec.a_fragment(word, a);
 #pragma unroll
             for (int nb = 0; nb < NB; ++nb)
-              mma_16816<T>(acc[i][nb], a, st.xb[nb][0][2 * t], st.xb[nb][0][2 * t + 1]);
+              mma_16816<T>(sums[i][nb], a, st.xb[nb][d][2 * t], st.xb[nb][d][2 * t + 1]);
           }
         }
+        if (!SC && !GA) flush(d, h);                 // two groups per block: each half is its own group
       }
-    } else {
-#pragma unroll
-      for (int d = 0; d < KD; ++d) {
-#pragma unroll
-        for (int h = 0; h < SZ; ++h) {
-          WeightDecoder<T> dec[TW];
-#pragma unroll
-          for (int i = 0; i < TW; ++i) dec[i].set_zeros(st.z[d][h][i]);
-#pragma unroll
-          for (int tt = 0; tt < 4 / SZ; ++tt) {
-            const int t = h * (4 / SZ) + tt;           // k16 step of the block
-#pragma unroll
-            for (int i = 0; i < TW; ++i) {
-              u32 a[4];
-              const uint4& w = st.w[d][i];
-              dec[i].a_fragment(t == 0 ? w.x : t == 1 ? w.y : t == 2 ? w.z : w.w, a);
-#pragma unroll
-              for (int nb = 0; nb < NB; ++nb)
-                mma_16816<T>(accg[i][nb], a, st.xb[nb][d][2 * t], st.xb[nb][d][2 * t + 1]);
-            }
-          }
-          if (!GA) flush(d, h);                        // two groups per block: each half is its own group
-        }
-        if constexpr (KD == 1) {
-          if (GA) {
-            if (--g_left == 0 || seg_end) flush(0, 0);
-            if (g_left == 0) g_left = upg;
-          }
-        } else if (d == 0 || c_ks + d < KS) {          // a block past KS (zero weights and x) has no group
-          const bool last = d == KD - 1 || c_ks + d + 1 >= KS;   // the unit's last block
-          if (--g_left == 0 || (seg_end && last)) flush(d, 0);
+      if constexpr (KD == 1) {                       // (SC implies KD = 1)
+        if (GA && !SC) {
+          if (--g_left == 0 || seg_end) flush(0, 0);
           if (g_left == 0) g_left = upg;
         }
+      } else if (d == 0 || c_ks + d < KS) {          // a block past KS (zero weights and x) has no group
+        const bool last = d == KD - 1 || c_ks + d + 1 >= KS;   // the unit's last block
+        if (--g_left == 0 || (seg_end && last)) flush(d, 0);
+        if (g_left == 0) g_left = upg;
       }
     }
     // Segment (one column group inside this run) ends at the group's last unit or at the run's end.
