@@ -29,22 +29,24 @@ GEMV_LIMIT = 16      # the GEMV kernel's largest M (two token blocks of 8)
 
 # The GEMV's blocks per warp unit (ops.gemv_tiles_for) come from a time per 16-column block slot of its 2-, 3- and
 # 4-block variants, per activation dtype and token blocks (1: M <= 8, 2: M = 9..16), relative to the 4-block one.
-# H200: `tune.fit_gemv_slot` over bench/results/h200_gemv_sweep_v29.txt at one token block (fp16: the Mistral-7B
-# and Llama-2-70B layers, 2, 3, 4, 5, 14 and 28 blocks per CTA; bf16: Mistral-7B; M = 1) and over
-# h200_gemv_sweep_v36_m16.txt at two (M = 16, the same layers; v36: the pairs there decode scaled weights at 16
-# warps). Each picks the measured fastest variant on every layer but one bf16 tie at M = 1 (bench/NOTES.md v29,
-# v36). A row without its own ``gemv_slot`` uses these; `python -m awq_cupy tune` fits the GPU's own.
+# H200: `tune.fit_gemv_slot` at one token block over bench/results/h200_gemv_sweep_v29.txt for fp16 (the Mistral-7B
+# and Llama-2-70B layers, 2, 3, 4, 5, 14 and 28 blocks per CTA; M = 1) and h200_gemv_sweep_v37_bf16_m1.txt for bf16
+# (the same layers, M = 1 and 8), and at two token blocks over h200_gemv_sweep_v36_m16.txt (M = 16, the same layers;
+# v36: the pairs there decode scaled weights at 16 warps). With the two-k-block pairs' times below, each picks the
+# measured fastest variant on every swept layer (bench/NOTES.md v29, v36, v37). A row without its own ``gemv_slot``
+# uses these; `python -m awq_cupy tune` fits the GPU's own.
 GEMV_SLOT_TILES = (2, 3, 4)
 H200_GEMV_SLOT = {"float16": {1: {4: 1.0, 3: 1.0, 2: 1.18}, 2: {4: 1.0, 3: 1.04, 2: 1.15}},
-                  "bfloat16": {1: {4: 1.0, 3: 1.04, 2: 1.24}, 2: {4: 1.0, 3: 1.06, 2: 1.23}}}
+                  "bfloat16": {1: {4: 1.0, 3: 1.0, 2: 1.16}, 2: {4: 1.0, 3: 1.06, 2: 1.23}}}
 
 # The pair variants with two 64-k blocks per unit (kdepth 2; groups of whole 64-k blocks): their time per block slot
 # on the same scale, per dtype and token blocks (``ops.gemv_kdepth_for`` takes them where they cost less than the
 # tiles' choice). H200: `tune.fit_gemv_kd2` over the same sweeps with the slot times above. fp16: they run Mistral-7B's
 # o and down up to M = 8 (a tie with pairs at M = 1, faster at 8: o 5.59 -> 5.51, down 12.60 -> 12.26 us,
-# h200_gemv_ab_kd2_plan_v29.txt); bf16 never (1.26 > pairs' 1.24). From 9 tokens the plain pairs, scaled at 16 warps
-# since v36, are faster than them on every measured layer.
-H200_GEMV_KD2_SLOT = {"float16": {1: 1.16, 2: 1.16}, "bfloat16": {1: 1.26, 2: 1.28}}
+# h200_gemv_ab_kd2_plan_v29.txt); bf16 (v37, two sweeps agreeing) o, gate_up and down up to M = 8 (o a tie, down
+# 11.7 -> 11.5 us at M = 1 and 12.4 -> 12.0 at 8, gate_up 0-0.1 us). From 9 tokens the plain pairs, scaled at 16
+# warps since v36, are faster than them on every measured layer.
+H200_GEMV_KD2_SLOT = {"float16": {1: 1.16, 2: 1.16}, "bfloat16": {1: 1.07, 2: 1.28}}
 
 
 def default_gemv_slot(dtype: str, token_blocks: int) -> dict[int, float]:

@@ -133,8 +133,10 @@ def test_gemv_plan_fits_the_arch(M, arch):
 def test_gemv_two_k_blocks_per_unit_where_the_h200_measured_them_faster():
     """The pair variant with two 64-k blocks per unit (bench/results/h200_gemv_sweep_v29.txt, h200_gemv_kd2_v29.txt):
     chosen for Mistral-7B o and down (two blocks per CTA) up to 8 tokens (fp16), where it ties with pairs at M = 1
-    and is faster at 8; not where threes or fours were faster, nor for groups that split a 64-k block, nor from 9
-    tokens, where the plain pairs (scaled weights, 16 warps) are faster (h200_gemv_sweep_v36_m16.txt)."""
+    and is faster at 8, and with bf16 activations for gate_up too (14 blocks per CTA: 0-0.1 us ahead of threes in
+    two sweeps, h200_gemv_sweep_v37_bf16_m1.txt); not where threes or fours were faster, nor for groups that split
+    a 64-k block, nor from 9 tokens, where the plain pairs (scaled weights, 16 warps) are faster
+    (h200_gemv_sweep_v36_m16.txt)."""
     from awq_cupy.bench import MODELS
 
     kd2 = {("mistral-7b", 1): {"o", "down"}, ("mistral-7b", 16): set(),
@@ -145,7 +147,8 @@ def test_gemv_two_k_blocks_per_unit_where_the_h200_measured_them_faster():
             assert got == want, (model, m, got)
     bf16 = {m: {n for n, K, N in MODELS["mistral-7b"] if plan_gemv(m, K, N, 128, dtype="bfloat16")["kdepth"] == 2}
             for m in (1, 8, 9, 16)}
-    assert bf16 == {1: set(), 8: set(), 9: set(), 16: set()}
+    assert bf16 == {1: {"o", "gate_up", "down"}, 8: {"o", "gate_up", "down"}, 9: set(), 16: set()}
+    assert {n for n, K, N in MODELS["llama-2-70b"] if plan_gemv(1, K, N, 128, dtype="bfloat16")["kdepth"] == 2} == set()
     for m in (9, 16):   # the scaled pairs at 16 warps instead
         for dt in ("float16", "bfloat16"):
             p = plan_gemv(m, 14336, 4096, 128, dtype=dt)
@@ -226,8 +229,9 @@ def test_gemv_tiles_choice():
 
 
 # The H200 sweeps (us, the fastest warp count of each variant, "2x2": pairs with two 64-k blocks per unit): (blocks
-# per CTA, {tiles: us}) for Mistral-7B qkv, o, gate_up, down and (fp16) Llama-2-70B qkv, o, gate_up, down; M = 1
-# (one token block, bench/results/h200_gemv_sweep_v29.txt) and 16 (two, h200_gemv_sweep_v36_m16.txt).
+# per CTA, {tiles: us}) for Mistral-7B qkv, o, gate_up, down and Llama-2-70B qkv, o, gate_up, down (bf16 at two token
+# blocks: Mistral-7B only); one token block (fp16: bench/results/h200_gemv_sweep_v29.txt, M = 1; bf16:
+# h200_gemv_sweep_v37_bf16_m1.txt, M = 1 and 8) and two (M = 16, h200_gemv_sweep_v36_m16.txt).
 _H200_SWEEP = {
     ("float16", 1): [
         (3, {3: 6.0, 4: 7.1, 2: 7.2, "2x2": 7.5}), (2, {2: 5.2, 3: 5.5, 4: 6.8, "2x2": 5.2}),
@@ -239,9 +243,15 @@ _H200_SWEEP = {
         (14, {3: 24.7, "2x2": 25.0, 2: 25.4, 4: 26.1}), (2, {2: 14.6, "2x2": 16.3, 3: 18.1, 4: 21.8}),
         (5, {3: 20.5, "2x2": 21.5, 2: 21.7, 4: 25.4}), (4, {4: 15.1, "2x2": 15.4, 2: 15.6, 3: 20.0}),
         (28, {4: 87.0, 3: 87.6, "2x2": 89.3, 2: 93.8}), (4, {4: 45.0, 2: 46.2, "2x2": 46.5, 3: 60.9})],
-    ("bfloat16", 1): [
-        (3, {3: 6.0, 4: 7.4, 2: 7.5, "2x2": 7.9}), (2, {2: 5.4, 3: 5.6, 4: 7.1, "2x2": 5.3}),
-        (14, {3: 19.7, 4: 21.1, 2: 21.2, "2x2": 21.1}), (2, {2: 12.2, 3: 14.1, 4: 18.2, "2x2": 12.4})],
+    ("bfloat16", 1): [   # h200_gemv_sweep_v37_bf16_m1.txt: both models at M = 1, then at M = 8
+        (3, {3: 6.1, 2: 7.1, 4: 7.4, "2x2": 7.4}), (2, {"2x2": 5.1, 2: 5.1, 3: 5.6, 4: 7.1}),
+        (14, {"2x2": 19.3, 3: 19.3, 2: 20.2, 4: 20.3}), (2, {"2x2": 11.5, 2: 11.7, 3: 14.1, 4: 18.1}),
+        (5, {3: 15.9, "2x2": 16.4, 2: 17.1, 4: 20.0}), (4, {4: 12.2, "2x2": 12.5, 2: 12.8, 3: 15.7}),
+        (28, {4: 65.2, "2x2": 67.7, 3: 69.4, 2: 72.0}), (4, {4: 34.8, "2x2": 35.6, 2: 37.3, 3: 48.1}),
+        (3, {3: 6.4, 2: 7.5, 4: 7.6, "2x2": 7.8}), (2, {"2x2": 5.5, 2: 5.6, 3: 5.8, 4: 7.2}),
+        (14, {"2x2": 19.7, 3: 19.8, 4: 20.9, 2: 21.0}), (2, {"2x2": 12.0, 2: 12.4, 3: 14.5, 4: 18.3}),
+        (5, {3: 16.4, "2x2": 16.9, 2: 17.8, 4: 20.3}), (4, {4: 12.4, "2x2": 12.7, 2: 13.2, 3: 15.9}),
+        (28, {4: 67.1, "2x2": 68.7, 3: 70.7, 2: 73.7}), (4, {4: 35.8, "2x2": 36.5, 2: 38.6, 3: 48.5})],
     ("bfloat16", 2): [
         (3, {3: 7.8, 4: 8.6, 2: 9.0, "2x2": 9.1}), (2, {2: 6.3, "2x2": 6.5, 3: 7.4, 4: 8.3}),
         (14, {3: 25.1, "2x2": 25.8, 2: 25.9, 4: 26.5}), (2, {2: 14.8, "2x2": 16.6, 3: 18.4, 4: 22.7})],
@@ -250,8 +260,7 @@ _H200_SWEEP = {
 
 def test_gemv_slot_fit_reproduces_the_h200_choices():
     """tune's fit on the H200 sweep gives the built-in slot times; with the two-k-block pairs' slot times they
-    pick each layer's fastest variant (but for one bf16 layer, 0.1 us: pairs for down at M = 1 where threes'
-    slot time is a compromise) and never lose more than 0.1 us against it."""
+    never lose more than 0.1 us against each layer's fastest variant."""
     from awq_cupy.ops import gemv_kdepth_for, gemv_tiles_for
     from awq_cupy.tune import fit_gemv_kd2, fit_gemv_slot
 

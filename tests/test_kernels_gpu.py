@@ -282,7 +282,7 @@ def test_gemv_two_k_blocks_per_unit_against_reference(rng, K, N, G, kind):
 @pytest.mark.parametrize("kind", ["float16", "bfloat16"])
 def test_matmul_takes_two_k_block_pairs_where_planned(rng, kind):
     """A layer of two 16-column blocks per CTA (4096 x 4096, like Mistral-7B's o) runs the two-k-block pairs through
-    matmul's own plan where the dispatch table says so (fp16 up to 8 rows), and from 9 rows the plain pairs, which
+    matmul's own plan where the dispatch table says so (up to 8 rows), and from 9 rows the plain pairs, which
     multiply by the rounded weights (16 warps on sm_90); both give the reference's result."""
     from awq_cupy import kernels, ops
     from awq_cupy.jit import arch_of_device
@@ -294,7 +294,7 @@ def test_matmul_takes_two_k_block_pairs_where_planned(rng, kind):
         W64 = matmul_weight(Q, Z, S, G, kind, M)
         arch, sms = arch_of_device(0), ops._sm_count(0)
         plan = ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, dtype=kind)
-        assert plan["kdepth"] == (2 if kind == "float16" and M <= 8 else 1), (M, plan)
+        assert plan["kdepth"] == (2 if M <= 8 else 1), (M, plan)
         if M > 8:
             assert plan["tiles"] == 2 and kernels.gemv_scaled(2, 2) and ops.rounds_weights(
                 M, arch_key=arch.key, K=K, N=N, group_size=G, dtype=kind, sm_count=sms), (M, plan)
