@@ -99,9 +99,16 @@ def gemv_max_warps(token_blocks: int, tiles: int, arch: Arch, aligned: bool = Tr
     return 16
 
 
+def gemv_one_slot(token_blocks: int, tiles: int) -> bool:
+    """Whether the GEMV variant keeps one fp32 partial slot per warp instead of two (``awq_gemv::OneSlot`` in the
+    kernel: two token blocks with three or four blocks per unit; bench/NOTES.md v39)."""
+    return token_blocks == 2 and tiles >= 3
+
+
 def gemv_smem_bytes(warps: int, token_blocks: int, tiles: int) -> int:
-    """Dynamic shared memory of awq_gemv_tc_kernel: two fp32 partial slots per warp."""
-    return 2 * warps * 32 * tiles * token_blocks * 4 * 4
+    """Dynamic shared memory of awq_gemv_tc_kernel: two fp32 partial slots per warp (one where gemv_one_slot)."""
+    slots = warps if gemv_one_slot(token_blocks, tiles) else 2 * warps
+    return slots * 32 * tiles * token_blocks * 4 * 4
 
 
 def gemv_variant(dtype: str, token_blocks: int, tiles: int, aligned: bool, kdepth: int = 1) -> str:

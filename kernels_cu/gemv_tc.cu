@@ -22,10 +22,12 @@
 //   whole 64-k blocks): a unit of two blocks x two 64-k blocks has the work of a four-block unit without the
 //   fours' padding (bench/NOTES.md v29); with an odd block count the last unit's second 64-k block is zeros.
 // - A column group covered by one warp is written by that warp. A group shared by consecutive warps (at most
-//   the ends of each run) leaves fp32 partials in shared memory; after one block barrier, the warp in which
-//   the group starts adds them in warp order and writes y (two token blocks on sm_90 with one column group per
-//   CTA: the CTA's threads share that sum, same order, awq_gemv_shared_groups). The summation order depends on
-//   (K, N, G), the GPU and the launch plan, never on timing, so results are bitwise reproducible run to run.
+//   the ends of each run) leaves fp32 partials in shared memory (awq_gemv::OneSlot variants: only the segments
+//   that continue a group of an earlier warp; the warp where the group starts keeps its own in registers); after
+//   one block barrier, the warp in which the group starts adds them in warp order and writes y (two token blocks
+//   on sm_90 with one column group per CTA: the CTA's threads share that sum, same order, awq_gemv_shared_groups).
+//   The summation order depends on (K, N, G), the GPU and the launch plan, never on timing, so results are bitwise
+//   reproducible run to run.
 // Memory pipeline: plain 16-byte loads into registers, one or two units ahead: while a warp decodes and
 // multiplies unit u, the loads of the next units (TW weight words with the streaming cache hint, the scale/zero
 // words of their blocks, and the x^T fragments of their 64 k) are in flight. On the H200 this reaches 3.7 TB/s
@@ -55,6 +57,15 @@ namespace awq_gemv {
 // ops.rounds_weights tells callers which weights matmul multiplies).
 template <int NB, int TW, int KD> struct Scaled {
   static constexpr bool value = NB == 2 && TW == 2 && KD == 1;
+};
+// Whether a variant needs one fp32 partial slot per warp instead of two: the warp in which a shared column group
+// starts keeps its own last segment in registers, so only segments that continue a group take a slot. Halving the
+// shared memory leaves a larger L1 for x, where x is large and read by several column groups of the CTA: two token
+// blocks with three or four blocks per unit (H200, Mistral-7B gate_up at M = 16 24.62 -> 24.30 us, outputs
+// bitwise the same; the other variants measured slower with it: bench/NOTES.md v39). awq_cupy.kernels
+// gemv_one_slot mirrors this.
+template <int NB, int TW> struct OneSlot {
+  static constexpr bool value = NB == 2 && TW >= 3;
 };
 template <int NB, int TW, bool GA, bool SC> struct Bounds {   // TW: blocks per unit (x KD); SC: Scaled
   // (1, 3) with two scale groups per unit spills at 512 threads: it takes the 4-block bound
@@ -103,8 +114,10 @@ template <int NB, int TW, bool GA, bool SC> struct Bounds {   // TW: blocks per 
 // Shared column groups (covered by the runs of several warps): the (group, block, token block, lane) items of
 // all of them are spread over the CTA's threads; a thread adds its item's contributors' partials in warp order,
 // starting with the warp in which the group starts (the same order as that warp would use, so the same bits).
-// A group ending inside the run of the warp where it starts was stored by that warp. Not inlined: ptxas then
-// schedules the kernel's main loop closer to the way it does without this epilogue (bench/sass_loop.py).
+// A group ending inside the run of the warp where it starts was stored by that warp. Called only where the CTA
+// has one column group: every warp then stored its one segment, also under awq_gemv::OneSlot (slot w), where
+// the group starts at warp 0's first unit. Not inlined: ptxas then schedules the kernel's main loop closer to
+// the way it does without this epilogue (bench/sass_loop.py).
 template <typename T, int NB, int TW>
 __device__ __noinline__ void awq_gemv_shared_groups(const float* __restrict__ partials, const T* __restrict__ bias,
                                                     T* __restrict__ y, int M, int N, int KQ, int b0, int nblk,
@@ -117,11 +130,12 @@ __device__ __noinline__ void awq_gemv_shared_groups(const float* __restrict__ pa
     const int ln = it & 31, inb = it >> 5, i = inb / NB, nb = inb - NB * i;
     if (w_lo == w_hi || TW * g + i >= nblk) continue;               // stored by that warp; a missing block
     const float4* p = reinterpret_cast<const float4*>(partials) + inb * 32 + ln;
-    float4 v = p[(w_lo * U == ga ? 2 * w_lo : 2 * w_lo + 1) * ITEMS];   // w_lo's first segment, or its last
-    v = make_float4(0.f + v.x, 0.f + v.y, 0.f + v.z, 0.f + v.w);       // as a sum from zero
+    constexpr int SL = awq_gemv::OneSlot<NB, TW>::value ? 1 : 2;       // slots per warp
+    float4 v = p[(SL == 1 || w_lo * U == ga ? SL * w_lo : 2 * w_lo + 1) * ITEMS];   // w_lo's first segment, or
+    v = make_float4(0.f + v.x, 0.f + v.y, 0.f + v.z, 0.f + v.w);                    // its last; as a sum from 0
 #pragma unroll 4
     for (int w2 = w_lo + 1; w2 <= w_hi; ++w2) {
-      const float4 q = p[2 * w2 * ITEMS];                              // the group is w2's first segment
+      const float4 q = p[SL * w2 * ITEMS];                             // the group is w2's first segment
       v.x += q.x; v.y += q.y; v.z += q.z; v.w += q.w;
     }
     const float r[4] = {v.x, v.y, v.z, v.w};
@@ -191,7 +205,9 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
   if (run >= 0) AWQ_TRACE(8);
 
   // Shared memory: fp32 partials [2W][TW NB][32] float4 (slot 2w: warp w's first segment, 2w + 1: its last;
-  // lane-minor, so a warp's float4 accesses do not conflict).
+  // awq_gemv::OneSlot: [W][TW NB][32], slot w: warp w's first segment where it continues a group of an earlier
+  // warp; lane-minor, so a warp's float4 accesses do not conflict).
+  constexpr bool ONE_SLOT = awq_gemv::OneSlot<NB, TW>::value;
   float* partials = reinterpret_cast<float*>(smem);
 
   // ---- load cursor: the next unit to load, as running values (no divisions in the loop) -----------------
@@ -333,6 +349,9 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
 
   int c_ks = l_ks, c_cg = l_cg;                    // relative column group being consumed
   bool seg_first = true, seg_whole_start = c_ks == 0;
+  // Two token blocks on sm_90 (measured there, v27), one column group per CTA: the group's sum is spread over the
+  // CTA after the loop (awq_gemv_shared_groups), which reads every warp's segment from its slot.
+  const bool cta_sum = NB == 2 && (TW != 3 || GA) && AWQ_CUPY_CC >= 900 && nblk <= TW;
   // GA: units left in the current scale group (its fp32 sums are scaled once, at the group's end).
   const int upg = NG == 1 ? KS : max(1, G / 64);
   int g_left = NG == 1 ? KS - c_ks : GA ? upg - (c_ks - upg * grp) : 1;   // (GA: upg = G / 64)
@@ -400,14 +419,19 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
     if (seg_end) {
       c_ks += KD;
       if (KD > 1 && c_ks > KS) c_ks = KS;
+      // OneSlot: a segment that starts its group here and ends with the run, short of the group's end, stays in
+      // acc, and this warp sums the group after the loop (unless the CTA-wide sum reads it from its slot).
+      const bool kept = ONE_SLOT && seg_whole_start && c_ks != KS && !cta_sum;
       if (seg_whole_start && c_ks == KS) store(c_cg, acc);
-      else to_partials(seg_first ? 2 * warp : 2 * warp + 1);
+      else if (!kept) to_partials(ONE_SLOT ? warp : seg_first ? 2 * warp : 2 * warp + 1);
+      if (!kept) {
 #pragma unroll
-      for (int i = 0; i < TW; ++i)
+        for (int i = 0; i < TW; ++i)
 #pragma unroll
-        for (int nb = 0; nb < NB; ++nb)
+          for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) acc[i][nb][e] = 0.f;
+            for (int e = 0; e < 4; ++e) acc[i][nb][e] = 0.f;
+      }
       seg_first = false;
       seg_whole_start = true;
       if (c_ks == KS) { c_ks = 0; ++c_cg; }
@@ -449,15 +473,16 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
   __syncthreads();
   AWQ_TRACE(5);
 
-  // Two token blocks on sm_90 (measured there, v27), one column group per CTA: the group's sum spread over the
-  // CTA. With several groups their first warps sum them side by side already (gate_up: slower spread). One token
-  // block (slower), the (2, 3) variant without aligned groups (at its register bound) and the other archs keep
-  // the sum by the group's first warp.
-  if (NB == 2 && (TW != 3 || GA) && AWQ_CUPY_CC >= 900 && nblk <= TW) {
+  // cta_sum: the group's sum spread over the CTA. With several groups their first warps sum them side by side
+  // already (gate_up: slower spread). One token block (slower), the (2, 3) variant without aligned groups (at its
+  // register bound) and the other archs keep the sum by the group's first warp.
+  // (Written out again for the other variants: testing the flag computed before the loop changes their code.)
+  if (ONE_SLOT ? cta_sum : NB == 2 && (TW != 3 || GA) && AWQ_CUPY_CC >= 900 && nblk <= TW) {
     awq_gemv_shared_groups<T, NB, TW>(partials, bias, y, M, N, KQ, b0, nblk, U);
   } else {
     // Shared column groups: the warp in which a group starts sums the partials of its contributors in warp
-    // order. Only the run's last group can start here and continue past the run's end.
+    // order (OneSlot: its own from acc). Only the run's last group can start here and continue past the run's
+    // end.
     if (run > 0) {
       const int tl = (int)AWQ_GEMV_DIV(u1 - 1, KQ, fd_kq);
       if (tl * KQ >= u0 && (tl + 1) * KQ > u1) {
@@ -469,9 +494,10 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
 #pragma unroll
           for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) v[i][nb][e] = 0.f;
-        for (int w2 = warp; w2 <= w_hi; ++w2) {
-          const float4* p = partial_ptr(w2 == warp ? (tl * KQ == u0 ? 2 * warp : 2 * warp + 1) : 2 * w2);
+            for (int e = 0; e < 4; ++e) v[i][nb][e] = ONE_SLOT ? 0.f + acc[i][nb][e] : 0.f;   // a sum from 0
+        for (int w2 = ONE_SLOT ? warp + 1 : warp; w2 <= w_hi; ++w2) {
+          const float4* p = partial_ptr(ONE_SLOT ? w2 : w2 == warp ? (tl * KQ == u0 ? 2 * warp : 2 * warp + 1)
+                                                                   : 2 * w2);
 #pragma unroll
           for (int i = 0; i < TW; ++i)
 #pragma unroll

@@ -14,10 +14,12 @@ def _fd(n, d):
     return (n * (f & 0xFFFFFFFF)) >> (f >> 32)
 
 
-def _simulate_gemv_split(NT16, KS, grid, W, TW, KD=1):
+def _simulate_gemv_split(NT16, KS, grid, W, TW, KD=1, one_slot=False):
     """Python model of kernels_cu/gemv_tc.cu's work split: returns {16-column block: [64-k blocks summed, in
     order]} from the direct stores and the partial-sum reduction, following the kernel's own index arithmetic
-    (units of KD 64-k blocks, KQ = ceil(KS / KD) per column group; a unit's blocks past KS hold nothing)."""
+    (units of KD 64-k blocks, KQ = ceil(KS / KD) per column group; a unit's blocks past KS hold nothing).
+    ``one_slot``: awq_gemv::OneSlot's scheme (one partial slot per warp; the warp where a group starts keeps its
+    own last segment), else two slots per warp (first and last segment)."""
     out = {}
 
     def put(b0, nblk, cg, seg):
@@ -33,7 +35,7 @@ def _simulate_gemv_split(NT16, KS, grid, W, TW, KD=1):
         nblk = _fd((b + 1) * NT16, grid) - b0
         units = -(-nblk // TW) * KQ
         U = _fd(units + W - 1, W) if units else 1
-        slots, runs = {}, []
+        slots, kept, runs = {}, {}, []
         for w in range(W):
             u0 = min(units, w * U)
             u1 = min(units, u0 + U)
@@ -47,8 +49,11 @@ def _simulate_gemv_split(NT16, KS, grid, W, TW, KD=1):
                     c_ks = min(KS, c_ks + KD)
                     if whole_start and c_ks == KS:
                         put(b0, nblk, c_cg, seg)
+                    elif one_slot and whole_start:   # starts its group, ends the run: kept for this warp's sum
+                        assert it + 1 == u1 - u0, "a kept segment before the run's end"
+                        kept[w] = (c_cg, list(seg))
                     else:
-                        slot = 2 * w if seg_first else 2 * w + 1
+                        slot = w if one_slot else 2 * w if seg_first else 2 * w + 1
                         assert slot not in slots, "a partial slot written twice"
                         slots[slot] = (c_cg, list(seg))
                     seg, seg_first, whole_start = [], False, True
@@ -65,11 +70,14 @@ def _simulate_gemv_split(NT16, KS, grid, W, TW, KD=1):
                 first = 2 * w if tl * KQ == u0 else 2 * w + 1
                 summed = []
                 for w2 in range(w, w_hi + 1):
-                    cg, seg = slots.pop(first if w2 == w else 2 * w2)
+                    if one_slot:
+                        cg, seg = kept.pop(w) if w2 == w else slots.pop(w2)
+                    else:
+                        cg, seg = slots.pop(first if w2 == w else 2 * w2)
                     assert cg == tl, "a partial of another column group"
                     summed += seg
                 put(b0, nblk, tl, summed)
-        assert not slots, "partials nobody reduced"
+        assert not slots and not kept, "partials nobody reduced"
     return out
 
 
@@ -106,10 +114,11 @@ def test_gemv_dividers_check_the_index_range():
 @pytest.mark.parametrize("NT16,KS", [(448, 64), (64, 64), (96, 64), (256, 224), (4, 1), (16, 64), (12, 3),
                                      (4, 100), (12, 5), (200, 1), (1792, 64), (36, 7), (260, 6)])
 @pytest.mark.parametrize("W", [16, 12, 4])
-@pytest.mark.parametrize("TW,KD", [(1, 1), (2, 1), (4, 1), (2, 2)])
-def test_gemv_split_sums_every_unit_once(NT16, KS, W, TW, KD):
+@pytest.mark.parametrize("TW,KD,one_slot", [(1, 1, False), (2, 1, False), (4, 1, False), (2, 2, False), (3, 1, True),
+                                             (4, 1, True)])
+def test_gemv_split_sums_every_unit_once(NT16, KS, W, TW, KD, one_slot):
     grid = max(1, min(NT16, 132))
-    out = _simulate_gemv_split(NT16, KS, grid, W, TW, KD)
+    out = _simulate_gemv_split(NT16, KS, grid, W, TW, KD, one_slot)
     assert sorted(out) == list(range(NT16)), "every 16-column block is written exactly once"
     for t, seg in out.items():
         assert seg == list(range(KS)), f"block {t}: each 64-k unit once, in k order"
@@ -182,6 +191,21 @@ def test_gemv_scaled_pairs_and_their_warps():
     assert kernels.gemv_max_warps(2, 2, ARCHS["89"]) == 12 and kernels.gemv_max_warps(2, 2, ARCHS["75"]) == 8
     assert kernels.gemv_max_warps(2, 2, ARCHS["90"], kdepth=2) == 8
     assert plan_gemv(16, 4096, 4096, 32)["warps"] == 16    # also with two scale groups per 64-k block
+
+
+def test_gemv_one_partial_slot_per_warp_where_the_kernel_keeps_one():
+    """awq_gemv::OneSlot (two token blocks, three or four blocks per unit) keeps one fp32 partial slot per warp;
+    plan_gemv's shared memory follows it, and the kernel source states the same rule as kernels.gemv_one_slot."""
+    import re
+
+    one = {(nb, tw) for nb, tw in kernels.GEMV_SHAPES if kernels.gemv_one_slot(nb, tw)}
+    assert one == {(2, 3), (2, 4)}
+    src = jit._kernel_dir().joinpath("gemv_tc.cu").read_text()
+    assert re.search(r"struct OneSlot \{\s*static constexpr bool value = NB == 2 && TW >= 3;", src)
+    for M, K, N in [(16, 4096, 28672), (16, 14336, 4096), (1, 4096, 28672), (12, 8192, 57344)]:
+        p = plan_gemv(M, K, N, 128)
+        slots = 1 if kernels.gemv_one_slot(p["token_blocks"], p["tiles"]) else 2
+        assert p["smem"] == slots * p["warps"] * 32 * p["tiles"] * p["token_blocks"] * 16, (M, K, N, p)
 
 
 def test_gemv_plan_rejects_bad_m():
