@@ -351,7 +351,8 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
   bool seg_first = true, seg_whole_start = c_ks == 0;
   // Two token blocks on sm_90 (measured there, v27), one column group per CTA: the group's sum is spread over the
   // CTA after the loop (awq_gemv_shared_groups), which reads every warp's segment from its slot.
-  const bool cta_sum = NB == 2 && (TW != 3 || GA) && AWQ_CUPY_CC >= 900 && nblk <= TW;
+  constexpr bool CTA_SUM_VARIANT = NB == 2 && (TW != 3 || GA) && AWQ_CUPY_CC >= 900;
+  const bool cta_sum = CTA_SUM_VARIANT && nblk <= TW;
   // GA: units left in the current scale group (its fp32 sums are scaled once, at the group's end).
   const int upg = NG == 1 ? KS : max(1, G / 64);
   int g_left = NG == 1 ? KS - c_ks : GA ? upg - (c_ks - upg * grp) : 1;   // (GA: upg = G / 64)
@@ -476,8 +477,8 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
   // cta_sum: the group's sum spread over the CTA. With several groups their first warps sum them side by side
   // already (gate_up: slower spread). One token block (slower), the (2, 3) variant without aligned groups (at its
   // register bound) and the other archs keep the sum by the group's first warp.
-  // (Written out again for the other variants: testing the flag computed before the loop changes their code.)
-  if (ONE_SLOT ? cta_sum : NB == 2 && (TW != 3 || GA) && AWQ_CUPY_CC >= 900 && nblk <= TW) {
+  // (Tested again for the other variants: reading the flag computed before the loop changes their code.)
+  if (ONE_SLOT ? cta_sum : CTA_SUM_VARIANT && nblk <= TW) {
     awq_gemv_shared_groups<T, NB, TW>(partials, bias, y, M, N, KQ, b0, nblk, U);
   } else {
     // Shared column groups: the warp in which a group starts sums the partials of its contributors in warp
