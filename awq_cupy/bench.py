@@ -32,7 +32,8 @@ DEFAULT_M = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 QUICK_M = [1, 16, 64, 256, 1024]
 CONTENDERS = ("awq_cupy", "cublas_fp16", "dequant_cublas")
 # awq_cupy's individual paths, whatever the dispatch table would pick (for `tune` and kernel work): the GEMV with
-# its default plan, or 1, 2, 3 or 4 16-column blocks per warp unit (M <= 16), the fused
+# its default plan (up to 16 rows; up to 32 on sm_90 with groups of whole 64-k blocks), or 1, 2, 3 or 4 16-column
+# blocks per warp unit (M <= 16), the fused
 # tensor-core GEMM as dispatched, and its mma.sync (gemm_sw) and wgmma (gemm_wg, compute capability 9.0 only)
 # kernels whatever the table says.
 PATHS = ("gemv", "gemv1", "gemv2", "gemv3", "gemv4", "gemv2x2", "gemm", "gemm_sw", "gemm_wg")
@@ -196,8 +197,8 @@ def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, co
             }
             res = {}
             for c in contenders:
-                if c.startswith("gemv") and M > 16:
-                    continue
+                if c.startswith("gemv") and M > 16 and (c != "gemv" or not _gemv_exists(M, K, N, G, arch, sms)):
+                    continue   # beyond 16 rows only the planned GEMV, where it has a variant (sm_90, whole blocks)
                 if c == "gemm_wg" and not ops.has_wgmma(arch):
                     continue
                 if c == "gemv2x2" and not ops.aligned_groups(wq[0].group_size, wq[0].NG):
@@ -222,6 +223,16 @@ def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, co
         wq = wd = dense = scratch = calls = None   # release this layer's copies before the next layer
         cupy.get_default_memory_pool().free_all_blocks()
     return rows
+
+
+def _gemv_exists(M, K, N, G, arch, sm_count) -> bool:
+    from . import ops
+
+    try:
+        ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sm_count)
+    except ValueError:
+        return False
+    return True
 
 
 def summarize(rows, contender="awq_cupy"):

@@ -1,6 +1,8 @@
 """Which kernel ``matmul`` runs for a given M, per GPU architecture: data, measured on the GPU named per row.
 
 ``gemv_max_m``: largest M for the swapped-operand tensor-core GEMV (kernels_cu/gemv_tc.cu; at most 16).
+``gemv_wide_max_m``: 0, or the largest M (17..32) up to which the GEMV's three- and four-token-block variants run
+beyond ``gemv_max_m`` on the layer shapes ``ops.gemv_wide_takes`` gives them (compute capability 9.0 only).
 ``cublas_min_m``: smallest M at which dequantize + cuBLAS (fp16 only) beats the fused GEMM (with a cost model: the
 smallest M at which it may, the model deciding per layer shape); it is never used while the current stream is
 capturing a CUDA graph (CuPy cannot capture cuBLAS), nor with ``batch_invariant``.
@@ -25,19 +27,27 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-GEMV_LIMIT = 16      # the GEMV kernel's largest M (two token blocks of 8)
+GEMV_LIMIT = 16      # the GEMV's largest M for every layer shape (two token blocks of 8)
+GEMV_WIDE_LIMIT = 32  # and per layer shape (ops.gemv_wide_takes: three and four token blocks, sm_90)
 
 # The GEMV's blocks per warp unit (ops.gemv_tiles_for) come from a time per 16-column block slot of its 2-, 3- and
-# 4-block variants, per activation dtype and token blocks (1: M <= 8, 2: M = 9..16), relative to the 4-block one.
+# 4-block variants, per activation dtype and token blocks (1: M <= 8, 2: M = 9..16, 3 and 4: up to 24 and 32),
+# relative to the 4-block one (at four token blocks the 3-block one: there are no fours).
 # H200: `tune.fit_gemv_slot` at one token block over bench/results/h200_gemv_sweep_v29.txt for fp16 (the Mistral-7B
 # and Llama-2-70B layers, 2, 3, 4, 5, 14 and 28 blocks per CTA; M = 1) and h200_gemv_sweep_v37_bf16_m1.txt for bf16
 # (the same layers, M = 1 and 8), and at two token blocks over h200_gemv_sweep_v36_m16.txt (M = 16, the same layers;
 # v36: the pairs there decode scaled weights at 16 warps). With the two-k-block pairs' times below, each picks the
 # measured fastest variant on every swept layer (bench/NOTES.md v29, v36, v37). A row without its own ``gemv_slot``
-# uses these; `python -m awq_cupy tune` fits the GPU's own.
+# uses these; `python -m awq_cupy tune` fits the GPU's own (one and two token blocks).
+# Three and four token blocks: set by hand over the v40 sweep (bench/results/h200_gemv_wide_sweep_v40.txt: Mistral-7B
+# M = 17..32 fp16, 17, 24, 32 bf16; Llama-2-70B M = 17, 24, 32 fp16). They pick the fastest variant on every layer
+# row that ops.gemv_wide_takes gives the GEMV but three: two ties (0.05 us) and bf16 Mistral-7B o at M = 24 (8.86
+# against 8.60 us).
 GEMV_SLOT_TILES = (2, 3, 4)
-H200_GEMV_SLOT = {"float16": {1: {4: 1.0, 3: 1.0, 2: 1.18}, 2: {4: 1.0, 3: 1.04, 2: 1.15}},
-                  "bfloat16": {1: {4: 1.0, 3: 1.0, 2: 1.16}, 2: {4: 1.0, 3: 1.06, 2: 1.23}}}
+H200_GEMV_SLOT = {"float16": {1: {4: 1.0, 3: 1.0, 2: 1.18}, 2: {4: 1.0, 3: 1.04, 2: 1.15},
+                              3: {4: 1.0, 3: 1.1, 2: 1.2}, 4: {3: 1.0, 2: 1.2}},
+                  "bfloat16": {1: {4: 1.0, 3: 1.0, 2: 1.16}, 2: {4: 1.0, 3: 1.06, 2: 1.23},
+                               3: {4: 1.0, 3: 1.05, 2: 1.2}, 4: {3: 1.0, 2: 1.2}}}
 
 # The pair variants with two 64-k blocks per unit (kdepth 2; groups of whole 64-k blocks): their time per block slot
 # on the same scale, per dtype and token blocks (``ops.gemv_kdepth_for`` takes them where they cost less than the
@@ -58,24 +68,25 @@ def _positive(t) -> bool:
     return isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0
 
 
-def _per_dtype_and_blocks(v, name: str, what: str, check) -> dict:
-    """A {dtype: {token blocks: value}} field with integer keys (a JSON file has strings), each value passed
-    through ``check(dtype, token blocks, value)`` (which returns it parsed or raises ValueError)."""
+def _per_dtype_and_blocks(v, name: str, what: str, check, blocks: tuple[int, ...] = (1, 2, 3, 4)) -> dict:
+    """A {dtype: {token blocks: value}} field with integer keys (a JSON file has strings), token blocks among
+    ``blocks``, each value passed through ``check(dtype, token blocks, value)`` (which returns it parsed or raises
+    ValueError)."""
     if not isinstance(v, dict) or not v:
         raise ValueError(f"dispatch {name}={v!r} must be a non-empty {{dtype: {{token blocks: {what}}}}}")
     out = {}
     for dt, per_nb in v.items():
         if dt not in ("float16", "bfloat16") or not isinstance(per_nb, dict) or not per_nb:
-            raise ValueError(f"dispatch {name}: {dt!r}: a dtype (float16, bfloat16) mapping token blocks (1, 2) "
-                             f"to {what}")
+            raise ValueError(f"dispatch {name}: {dt!r}: a dtype (float16, bfloat16) mapping token blocks "
+                             f"{blocks} to {what}")
         out[dt] = {}
         for nb, val in per_nb.items():
             try:
                 nbi = int(nb)
             except (TypeError, ValueError):
                 nbi = None
-            if nbi not in (1, 2):
-                raise ValueError(f"dispatch {name}[{dt!r}]: {nb!r}: token blocks 1 or 2")
+            if nbi not in blocks:
+                raise ValueError(f"dispatch {name}[{dt!r}]: {nb!r}: token blocks among {blocks}")
             out[dt][nbi] = check(dt, nb, val)
     return out
 
@@ -87,8 +98,9 @@ def _gemv_slot(v) -> dict:
             tws = {int(tw): t for tw, t in per_tw.items()}
         except (TypeError, ValueError, AttributeError):
             raise ValueError(f"dispatch gemv_slot[{dt!r}]: {nb!r}: {per_tw!r} is not {{tiles: time}}") from None
-        if not tws or not set(tws) <= set(GEMV_SLOT_TILES):
-            raise ValueError(f"dispatch gemv_slot[{dt!r}][{nb!r}]: tiles among {GEMV_SLOT_TILES}, got {per_tw!r}")
+        allowed = GEMV_SLOT_TILES if int(nb) < 4 else (2, 3)     # no fours at four token blocks
+        if not tws or not set(tws) <= set(allowed):
+            raise ValueError(f"dispatch gemv_slot[{dt!r}][{nb!r}]: tiles among {allowed}, got {per_tw!r}")
         for tw, t in tws.items():
             if not _positive(t):
                 raise ValueError(f"dispatch gemv_slot[{dt!r}][{nb!r}][{tw}]={t!r} must be a positive number")
@@ -104,7 +116,7 @@ def _gemv_kd2_slot(v) -> dict:
             raise ValueError(f"dispatch gemv_kd2_slot[{dt!r}][{nb!r}]={t!r} must be a positive number")
         return t
 
-    return _per_dtype_and_blocks(v, "gemv_kd2_slot", "a time", time)
+    return _per_dtype_and_blocks(v, "gemv_kd2_slot", "a time", time, (1, 2))   # pairs with KD 2: up to 16 rows
 
 
 @dataclass(frozen=True)
@@ -123,6 +135,9 @@ class Dispatch:
     # Slot time of the GEMV pairs with two 64-k blocks per unit ({dtype: {token blocks: time}}, on gemv_slot's
     # scale, see H200_GEMV_KD2_SLOT); None: the H200's.
     gemv_kd2_slot: dict | None = field(default=None, hash=False)
+    # 0, or the largest M of the GEMV's three- and four-token-block variants on the shapes ops.gemv_wide_takes
+    # gives them (beyond gemv_max_m, at most GEMV_WIDE_LIMIT).
+    gemv_wide_max_m: int = 0
 
     def __post_init__(self):
         if self.gemv_slot is not None:
@@ -138,6 +153,11 @@ class Dispatch:
             raise ValueError(f"dispatch wgmma_min_m={w!r} must be a positive integer or None")
         if self.gemv_max_m > GEMV_LIMIT:
             raise ValueError(f"dispatch gemv_max_m={self.gemv_max_m} exceeds the GEMV's limit of {GEMV_LIMIT}")
+        wide = self.gemv_wide_max_m
+        if not isinstance(wide, int) or isinstance(wide, bool) or not (
+                wide == 0 or GEMV_LIMIT < wide <= min(GEMV_WIDE_LIMIT, self.cublas_min_m - 1)):
+            raise ValueError(f"dispatch gemv_wide_max_m={wide!r} must be 0 or {GEMV_LIMIT + 1} to {GEMV_WIDE_LIMIT} "
+                             f"(and below cublas_min_m={self.cublas_min_m})")
         if self.cublas_min_m <= self.gemv_max_m:
             raise ValueError(f"dispatch cublas_min_m={self.cublas_min_m} must exceed gemv_max_m={self.gemv_max_m}")
         model = (self.fused_unit_us, self.dequant_tbps, self.cublas_tflops)
@@ -199,8 +219,10 @@ TABLE: dict[str, Dispatch] = {
     # (2.6 TB/s is below the dequantize kernel's own ~3.1: it stands in for that path's fixed costs, which the small
     # layers feel; 0.74 us / 3.1 TB/s fits the tune as well but sends every layer at M = 4096 to the fused GEMM,
     # which the measured 0.78-0.84 us per unit there would make ~4% slower than dequantize + cuBLAS.)
+    # v41 (NOTES): the GEMV's three- and four-token-block variants beat the wgmma GEMM at 17..32 rows on the layers
+    # ops.gemv_wide_takes gives them (bench/results/h200_gemv_wide_sweep_v40.txt): gemv_wide_max_m 32.
     "90": Dispatch(gemv_max_m=16, cublas_min_m=768, wgmma_min_m=17, fused_unit_us=0.78, dequant_tbps=2.6,
-                   cublas_tflops=760.0),
+                   cublas_tflops=760.0, gemv_wide_max_m=32),
     "default": Dispatch(gemv_max_m=12, cublas_min_m=256),
 }
 
@@ -233,7 +255,8 @@ _loaded: dict = {}     # AWQ_CUPY_DISPATCH value -> the tuned rows in force (rea
 
 def load_table(path: Path) -> dict[str, Dispatch]:
     """Rows of a table written by ``python -m awq_cupy tune``; ValueError naming the file when malformed. A row
-    without ``wgmma_min_m`` (written before it existed) takes the built-in row's; one without the cost model's
+    without ``wgmma_min_m`` or ``gemv_wide_max_m`` (written before they existed) takes the built-in row's (the
+    latter only where the row's cublas_min_m leaves room for it, else 0); one without the cost model's
     fields takes the built-in row's model where that is consistent with the row (cublas_min_m >= 256 and a
     wgmma GEMM), else none."""
     try:
@@ -244,6 +267,7 @@ def load_table(path: Path) -> dict[str, Dispatch]:
             v = dict(v)
             builtin = TABLE.get(str(k), TABLE["default"])
             v.setdefault("wgmma_min_m", builtin.wgmma_min_m)
+            v.setdefault("gemv_wide_max_m", builtin.gemv_wide_max_m if v.get("cublas_min_m", 0) > 32 else 0)
             if not any(name in v for name in MODEL_FIELDS):
                 v.update(builtin_model(str(k), v["cublas_min_m"], v["wgmma_min_m"]))
             out[str(k)] = Dispatch(**v)

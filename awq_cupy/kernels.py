@@ -67,13 +67,22 @@ def _gemm_variants(arch: Arch) -> tuple[str, ...]:
 
 GEMM_TC = KernelFamily("gemm_tc", "gemm_tc.cu", _gemm_variants, hot=True)
 
-# Swapped-operand tensor-core GEMV for M <= 16 (kernels_cu/gemv_tc.cu): token blocks of 8 per mma (NB), column
+# Swapped-operand tensor-core GEMV for M <= 32 (kernels_cu/gemv_tc.cu): token blocks of 8 per mma (NB), column
 # groups of TW 16-column blocks per warp unit, one or two scale groups per 64-k unit (GA: groups span whole 64-k
 # blocks, or there is one group), one or two units loaded ahead in registers. One CTA per SM of up to 16 warps (12
 # when TW * NB >= 4 and for (1, 3) with two scale groups per unit, 8 when TW * NB >= 8: registers; the pairs at two
 # token blocks decode scaled weights and run 16 on sm_90, gemv_scaled).
-GEMV_TOKEN_BLOCKS = (1, 2)
+GEMV_TOKEN_BLOCKS = (1, 2, 3, 4)
 GEMV_SHAPES = ((1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2), (2, 3), (2, 4))   # (token blocks, tiles)
+# Three and four token blocks (M = 17..32, "wide"): compute capability 9.0 only (measured there) and groups of whole
+# 64-k blocks only. matmul takes them per layer shape (ops.gemv_wide_takes); (3, 1) spills at its 512-thread bound
+# and (4, 4) at 256, so they are left out (bench/NOTES.md v40, v41).
+GEMV_WIDE_SHAPES = ((3, 2), (3, 3), (3, 4), (4, 1), (4, 2), (4, 3))
+
+
+def gemv_shapes(arch: Arch, aligned: bool = True) -> tuple[tuple[int, int], ...]:
+    """The (token blocks, tiles) GEMV variants built for ``arch`` (``aligned``: groups of whole 64-k blocks)."""
+    return GEMV_SHAPES + (GEMV_WIDE_SHAPES if arch.cc >= 90 and aligned else ())
 # Shapes also built with two 64-k blocks per unit (template KD = 2; groups of whole 64-k blocks only): a unit of
 # pairs then holds as many block-units as one of fours, without the fours' padding (bench/NOTES.md v29).
 GEMV_KD2_SHAPES = ((1, 2), (2, 2))
@@ -120,7 +129,9 @@ GEMV_TC = KernelFamily("gemv_tc", "gemv_tc.cu",
                        lambda arch: tuple(gemv_variant(d, nb, tw, ga) for d in gemm_dtypes(arch)
                                           for nb, tw in GEMV_SHAPES for ga in (True, False))
                        + tuple(gemv_variant(d, nb, tw, True, 2) for d in gemm_dtypes(arch)
-                               for nb, tw in GEMV_KD2_SHAPES),
+                               for nb, tw in GEMV_KD2_SHAPES)
+                       + tuple(gemv_variant(d, nb, tw, True) for d in gemm_dtypes(arch)
+                               for nb, tw in gemv_shapes(arch)[len(GEMV_SHAPES):]),
                        hot=True)
 
 # The GEMV's shape arguments after M (awq_cupy.ops.gemv_shape_args), as the AWQ_GEMV_<name> defines of a variant

@@ -247,11 +247,11 @@ def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
     capture pass ``out=`` and keep it alive with the graph). On compute capability 9.0 the kernels launch with
     programmatic dependent launch (``uses_pdl``): they may start before the previous awq_cupy kernel of the stream
     has finished and read ``w`` meanwhile, so that kernel must not be the one writing ``w``.
-    Dispatch by M (table: ``awq_cupy.dispatch``): small M (up to 16 on the H200) runs the swapped-operand
-    tensor-core GEMV (kernels_cu/gemv_tc.cu; exact (q - z) in the mma, scales applied to fp32 group sums, but for
-    the variant of 16-column block pairs at 9..16 rows, which multiplies by (q - z) * s rounded once like the GEMM
-    (``rounds_weights``); partial sums added in a fixed order: bitwise reproducible run to run); middle M runs the
-    tensor-core GEMM
+    Dispatch by M (table: ``awq_cupy.dispatch``): small M (up to 16 on the H200, and up to 32 on the layer shapes
+    ``gemv_wide_takes`` gives it) runs the swapped-operand tensor-core GEMV (kernels_cu/gemv_tc.cu; exact (q - z)
+    in the mma, scales applied to fp32 group sums, but for the variant of 16-column block pairs at 9..16 rows,
+    which multiplies by (q - z) * s rounded once like the GEMM (``rounds_weights``); partial sums added in a fixed
+    order: bitwise reproducible run to run); middle M runs the tensor-core GEMM
     (kernels_cu/gemm_wg.cu with Hopper wgmma on compute capability 9.0, kernels_cu/gemm_tc.cu with mma.sync
     elsewhere; (q - z) * s rounded once in x's dtype, fp32 split-K partials added in a fixed order); large fp16 M
     runs dequantize + cuBLAS (a temporary dense [K, N] weight), except while the stream is capturing a CUDA graph,
@@ -309,7 +309,8 @@ def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
     plan = dispatch.for_arch(arch.key)
     bias_arg = bias if bias is not None else _NULL
     with cupy.cuda.Device(dev):
-        if M <= plan.gemv_max_m and not batch_invariant:
+        if not batch_invariant and (M <= plan.gemv_max_m
+                                    or gemv_wide_takes(M, K, N, w.group_size, arch, sm_count, kind)):
             _launch_gemv(x2, w, bias_arg, y2, M, kind, sm_count)
         elif (kind == "float16" and not batch_invariant and cublas_beats_fused(M, K, N, arch, sm_count)
               and not _is_capturing()):
@@ -332,15 +333,22 @@ def rounds_weights(M: int, batch_invariant: bool = False, arch_key: str = "90", 
                    sm_count: int = 132) -> bool:
     """Whether matmul at this M multiplies x by the weights rounded to x's dtype, T((q - z) * s) (like
     ``dequantize``), or by the exact (q - z) * s with the scale applied to fp32 group sums (the GEMV). At GEMV
-    sizes that depends on the launch plan (kernels.gemv_scaled: the pairs at two token blocks round), so give the
-    weight's K, N, group size, the activations' dtype and the GPU's SM count; without K and N the answer is the
-    other GEMV variants' (exact)."""
-    if batch_invariant or M > dispatch.for_arch(arch_key).gemv_max_m:
-        return True
-    if K is None or N is None:
-        return False
+    sizes that depends on the launch plan (kernels.gemv_scaled: the pairs at two token blocks round), and beyond
+    the table's ``gemv_max_m`` on whether ``gemv_wide_takes`` gives the layer to the GEMV (exact) or the GEMM, so
+    give the weight's K, N, group size, the activations' dtype and the GPU's SM count; without K and N the answer
+    is the other GEMV variants' (exact) up to ``gemv_max_m`` and the GEMM's beyond it."""
     from .jit import ARCHS
     from .kernels import gemv_scaled
+
+    if batch_invariant:
+        return True
+    if M > dispatch.for_arch(arch_key).gemv_max_m:
+        if K is None or N is None or arch_key not in ARCHS:
+            return True
+        return not gemv_wide_takes(M, K, N, K if group_size is None else group_size, ARCHS[arch_key], sm_count,
+                                   dtype)
+    if K is None or N is None:
+        return False
 
     p = plan_gemv(M, K, N, K if group_size is None else group_size, arch=ARCHS[arch_key], sm_count=sm_count,
                   dtype=dtype)
@@ -437,14 +445,16 @@ def gemv_grid(N: int, sm_count: int) -> tuple[int, int]:
 def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: int = 132,
               tiles: int | None = None, warps: int | None = None, dtype: str = "float16",
               kdepth: int | None = None) -> dict:
-    """Launch plan of the GEMV for M <= 16 tokens on ``arch`` (a jit.Arch; default sm_90): dict(token_blocks,
+    """Launch plan of the GEMV for M <= 32 tokens on ``arch`` (a jit.Arch; default sm_90): dict(token_blocks,
     tiles, aligned, grid, warps, smem, NT16, kdepth). One CTA per SM (at most one per 16-column block) of the
     variant's warp count. ``tiles`` (blocks per warp unit) and ``kdepth`` (64-k blocks per unit) default to
     ``gemv_tiles_for`` (with the dispatch row's slot times for the activations' ``dtype``) and ``gemv_kdepth_for``;
     given ``tiles``, ``kdepth`` defaults to 1, and ``kdepth`` 2 alone means pairs. ``warps`` overrides the warp
-    count (for tuning). The plan depends on (M, K, N, G), the dtype and the GPU, and so does the summation order."""
+    count (for tuning). The plan depends on (M, K, N, G), the dtype and the GPU, and so does the summation order.
+    Three and four token blocks (17..32 rows) exist on compute capability 9.0 for groups of whole 64-k blocks
+    (kernels.gemv_shapes); matmul runs them where ``gemv_wide_takes`` says so."""
     from .jit import ARCHS
-    from .kernels import GEMV_KD2_SHAPES, GEMV_SHAPES, GEMV_TOKEN_BLOCKS, gemv_max_warps, gemv_smem_bytes
+    from .kernels import GEMV_KD2_SHAPES, GEMV_TOKEN_BLOCKS, gemv_max_warps, gemv_shapes, gemv_smem_bytes
 
     arch = ARCHS["90"] if arch is None else arch
     nb = -(-M // 8)
@@ -452,20 +462,27 @@ def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: i
         raise ValueError(f"no GEMV variant for M={M} (1 to {8 * max(GEMV_TOKEN_BLOCKS)} rows)")
     NT16, grid = gemv_grid(N, sm_count)
     aligned = aligned_groups(group_size, max(1, K // group_size))
+    shapes = gemv_shapes(arch, aligned)
+    if not any(s[0] == nb for s in shapes):
+        raise ValueError(f"no GEMV variant for M={M} on {arch.target} with group size {group_size}: more than "
+                         f"16 rows need compute capability 9.0 and groups of whole 64-k blocks")
     if tiles is None and kdepth == 2:
         tw = 2                                   # the two-k-block variants are pairs
     elif tiles is None:
         row = dispatch.for_arch(arch.key)
-        slot = row.gemv_slot_for(dtype, nb)
+        slot = _gemv_slot_for(row, dtype, nb, shapes)
         tw = gemv_tiles_for(M, NT16, grid, slot=slot)
+        if (nb, tw) not in shapes:   # single blocks at three token blocks: the pairs, their second block missing
+            tw = min(t for n, t in shapes if n == nb and t > tw)
         if kdepth is None:
-            kdepth = gemv_kdepth_for(NT16, grid, tw, slot, row.gemv_kd2_for(dtype, nb), aligned)
+            kd2 = row.gemv_kd2_for(dtype, nb) if (nb, 2) in GEMV_KD2_SHAPES else None
+            kdepth = gemv_kdepth_for(NT16, grid, tw, slot, kd2, aligned)
             tw = 2 if kdepth == 2 else tw
     else:
         tw = tiles
-    if (nb, tw) not in GEMV_SHAPES:
-        raise ValueError(f"tiles={tw} is not a GEMV variant for M={M}; instantiated (token blocks, tiles): "
-                         f"{GEMV_SHAPES}")
+    if (nb, tw) not in shapes:
+        raise ValueError(f"tiles={tw} is not a GEMV variant for M={M}; instantiated (token blocks, tiles) on "
+                         f"{arch.target}{'' if aligned else ' for groups that split a 64-k block'}: {shapes}")
     kd = 1 if kdepth is None else kdepth
     if kd != 1 and (kd != 2 or (nb, tw) not in GEMV_KD2_SHAPES or not aligned):
         raise ValueError(f"kdepth={kdepth}: 1, or 2 for (token blocks, tiles) in {GEMV_KD2_SHAPES} with groups of "
@@ -477,6 +494,47 @@ def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: i
                          f"warps per CTA")
     return dict(token_blocks=nb, tiles=tw, aligned=aligned, grid=grid, NT16=NT16, warps=w,
                 smem=gemv_smem_bytes(w, nb, tw), kdepth=kd)
+
+
+def _gemv_slot_for(row, dtype: str, nb: int, shapes) -> dict[int, float]:
+    """The dispatch row's GEMV slot times for ``nb`` token blocks, less the tiles not instantiated there."""
+    slot = {tw: t for tw, t in row.gemv_slot_for(dtype, nb).items() if (nb, tw) in shapes}
+    return slot or {max(tw for n, tw in shapes if n == nb): 1.0}
+
+
+# Beyond 16 rows (three and four token blocks) matmul runs the GEMV on weights of at most GEMV_WIDE_SMALL elements
+# up to the dispatch row's gemv_wide_max_m, and on larger ones up to GEMV_WIDE_THREES_MAX_M rows where the GEMV's
+# plan has three or four blocks per unit (gemv_wide_takes).
+GEMV_WIDE_SMALL = 1 << 25
+GEMV_WIDE_THREES_MAX_M = 24
+
+
+def gemv_wide_takes(M: int, K: int, N: int, group_size: int, arch, sm_count: int = 132,
+                    dtype: str = "float16") -> bool:
+    """Whether matmul runs the GEMV's three- or four-token-block variant for M rows of a K x N weight on ``arch``
+    instead of the GEMM: for 16 < M <= the dispatch row's ``gemv_wide_max_m`` (and above its ``gemv_max_m``), on
+    compute capability 9.0 with groups of whole 64-k blocks and more 16-column blocks than CTAs (the measured
+    layers have 2 to 28 per CTA), where K x N <= GEMV_WIDE_SMALL, or M <= 24 and the GEMV's plan takes three or
+    four blocks per unit. Measured on the H200 (bench/results/
+    h200_gemv_wide_sweep_v40.txt; bench/NOTES.md v41): it picks the faster of the two on all 44 layer rows of
+    Mistral-7B at M = 17..32 (fp16; 17, 24 and 32 bf16) and Llama-2-70B at M = 17, 24, 32. The GEMV's fixed cost
+    is lower, the GEMM's cost per weight: the GEMV won on the small layers at every M (Mistral-7B qkv M = 32 9.8
+    against 12.2 us), on the large ones up to 24 rows where its units have three or four blocks (Llama-2-70B
+    gate_up M = 24 98.4 against 121.4), and lost where the units are pairs (Mistral-7B down: two blocks per CTA,
+    M = 24 21.5 against 19.7) or at 25..32 rows (Mistral-7B gate_up M = 32 34.8 against 33.8)."""
+    row = dispatch.for_arch(arch.key)
+    if not max(row.gemv_max_m, 16) < M <= row.gemv_wide_max_m or arch.cc < 90:
+        return False
+    NT16, grid = gemv_grid(N, sm_count)
+    if not aligned_groups(group_size, max(1, K // group_size)) or NT16 <= grid:
+        return False   # (one block per CTA: not measured; the GEMM)
+    if K * N <= GEMV_WIDE_SMALL:
+        return True
+    if M > GEMV_WIDE_THREES_MAX_M:
+        return False
+    from .kernels import gemv_shapes
+
+    return gemv_tiles_for(M, NT16, grid, slot=_gemv_slot_for(row, dtype, -(-M // 8), gemv_shapes(arch))) >= 3
 
 
 def uses_pdl(arch) -> bool:

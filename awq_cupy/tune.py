@@ -15,7 +15,8 @@ by ``matmul`` from then on.
 It also times the GEMV's 2-, 3- and 4-block variants and its pairs with two 64-k blocks per unit at the measured
 M up to 16 and fits their relative time per 16-column block slot (``gemv_slot``, see ``fit_gemv_slot``, and
 ``gemv_kd2_slot``, see ``fit_gemv_kd2``), from which ``ops.gemv_tiles_for`` and ``ops.gemv_kdepth_for`` pick the
-variant for each layer shape.
+variant for each layer shape. The GEMV beyond 16 rows on the layer shapes ``ops.gemv_wide_takes`` gives it
+(``gemv_wide_max_m``) keeps the built-in row's setting; it is not measured here.
 """
 from __future__ import annotations
 
@@ -205,7 +206,9 @@ def main(args) -> int:
     modelled = dispatch.TABLE.get(arch.key, dispatch.TABLE["default"]).has_cost_model and has_wgmma(arch)
     gemv_max, cublas_min, wgmma_min = choose(sums, per_layer if modelled else None)
     # the built-in cost model (per layer shape from cublas_min_m on) stays with the tuned thresholds
+    builtin = dispatch.TABLE.get(arch.key, dispatch.TABLE["default"])
     row = dispatch.Dispatch(gemv_max_m=gemv_max, cublas_min_m=cublas_min, wgmma_min_m=wgmma_min,
+                            gemv_wide_max_m=builtin.gemv_wide_max_m if cublas_min > builtin.gemv_wide_max_m else 0,
                             gemv_slot={args.dtype: slot} if slot else None,
                             gemv_kd2_slot={args.dtype: kd2} if kd2 else None,
                             **dispatch.builtin_model(arch.key, cublas_min, wgmma_min))

@@ -2,8 +2,9 @@
 matmul's planned GEMM on the Mistral-7B layers, timed like `python -m awq_cupy bench` (queue preloaded, weights
 rotated). Each (token blocks, blocks per unit, warps) is compiled for its launch shape as matmul's GEMV is
 (kernels.gemv_shape_family, straight from the template: these variants are not in the GEMV family's table), its
-output checked against matmul's first. Usage: python3 bench/gemv_wide_probe.py [M,...] [dtype]
-(default 24,32 float16)."""
+output checked against matmul's first. Usage: python3 bench/gemv_wide_probe.py [M,...] [dtype] [model] [all]
+(default 24,32 float16 mistral-7b; without "all" each variant runs only its largest warp count and (3, 1), (4, 4)
+are left out). Besides the table, one "ROW model dtype layer K N M path us" line per measurement."""
 import sys
 
 import cupy as cp
@@ -17,6 +18,8 @@ from awq_cupy.kernels import gemv_shape_family, gemv_smem_bytes, gemv_variant
 
 ms = [int(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else [24, 32]
 kind = sys.argv[2] if len(sys.argv) > 2 else "float16"
+model = sys.argv[3] if len(sys.argv) > 3 else "mistral-7b"
+every = len(sys.argv) > 4 and sys.argv[4] == "all"
 dt = ops.numpy_dtype(kind)
 arch = arch_of_device(0)
 sms = ops._sm_count(0)
@@ -30,7 +33,7 @@ def max_warps(nb, tw):
     return 8 if t >= 8 else 12 if t >= 4 else 16
 
 
-for name, K, N in MODELS["mistral-7b"]:
+for name, K, N in MODELS[model]:
     G = 128
     wq = rotated_weights(rng, K, N, G, dtype=kind)
     nq = len(wq)
@@ -45,9 +48,14 @@ for name, K, N in MODELS["mistral-7b"]:
         us = timer(lambda i: awq_cupy.matmul(x, wq[i % nq], out=y), max(20, nq), 3)
         res.append((us, "gemm", 0))
         sums.setdefault((M, "gemm"), {})[name] = us
+        print(f"ROW {model} {kind} {name} {K} {N} {M} gemm {us:.3f}", flush=True)
         for tw in (1, 2, 3, 4):
+            if not every and (nb, tw) in ((3, 1), (4, 4)):
+                continue
             mw = max_warps(nb, tw)
             for warps in sorted({mw, 12, 8} - {w for w in (16, 12) if w > mw}, reverse=True):
+                if not every and warps != mw:
+                    continue
                 NT16, grid = ops.gemv_grid(N, sms)
                 plan = dict(token_blocks=nb, tiles=tw, aligned=True, grid=grid, NT16=NT16, warps=warps,
                             smem=gemv_smem_bytes(warps, nb, tw), kdepth=1)
@@ -73,6 +81,7 @@ for name, K, N in MODELS["mistral-7b"]:
                     continue
                 us = timer(call, max(20, nq), 3)
                 res.append((us, f"nb{nb}tw{tw}", warps))
+                print(f"ROW {model} {kind} {name} {K} {N} {M} gemv:{nb}:{tw}:{warps} {us:.3f}", flush=True)
                 best = sums.setdefault((M, "gemv"), {})
                 best[name] = min(best.get(name, us), us)
         res.sort(key=lambda r: r[0])

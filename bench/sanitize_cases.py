@@ -68,6 +68,20 @@ for K, N, G, kinds in [(24, 8, -1, ("float16", "bfloat16")), (96, 72, 32, ("floa
                 y = cp.empty((M, N), dtype=x.dtype)
                 ops._launch_gemm(x, w, bias, y, M, kind, arch_of_device(w.device), ops._sm_count(w.device), False,
                                  splits=min(5, w.KS), wgmma=False, reduce_cols=cols)
+# The GEMV's three- and four-token-block variants (sm_90, groups of whole 64-k blocks: 17..32 rows), every one,
+# at odd shapes (K not a multiple of 64, one group, N not a multiple of 64, one block per CTA) and two warp counts
+for K, N, G in [(328, 136, -1), (1024, 520, 128), (1088, 4232, 64)]:
+    G = formats.resolve_group_size(G, K)
+    t = gemm_tensors(K, N, G)
+    for kind in ("float16", "bfloat16"):
+        w = awq_cupy.QuantizedWeight.from_gemm(t["qweight"], t["qzeros"], t["scales"], G, dtype=kind)
+        dt = np.float16 if kind == "float16" else awq_cupy.ops.numpy_dtype("bfloat16")
+        bias = cp.asarray(rng.standard_normal(N).astype(np.float32).astype(dt))
+        for nb, tiles in kernels.gemv_shapes(arch_of_device(0))[len(kernels.GEMV_SHAPES):]:
+            for M, warps in itertools.product((8 * nb - 7, 8 * nb), (None, 3)):
+                x = cp.asarray(rng.standard_normal((M, K)).astype(np.float32).astype(dt))
+                y = cp.empty((M, N), dtype=x.dtype)
+                ops._launch_gemv(x, w, bias, y, M, kind, ops._sm_count(0), tiles=tiles, warps=warps)
 # GEMV CTAs of 6 and 7 column blocks: short last column groups with 2, 3 and 4 blocks per unit, warps' runs that
 # end inside and across groups (K = 1088: 17 units per block; G = 32: two groups per unit)
 sms = ops._sm_count(0)
@@ -94,11 +108,13 @@ for K, N, G in [(96, 72, 32), (328, 136, -1), (1024, 520, 128)]:
     t = gemm_tensors(K, N, G)
     w = awq_cupy.QuantizedWeight.from_gemm(t["qweight"], t["qzeros"], t["scales"], G, dtype="float16")
     bias = cp.asarray(rng.standard_normal(N).astype(np.float16))
-    for M in (1, 9, 16):
+    for M in (1, 9, 16, 24, 32):
         x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
         for tiles, kdepth, warps in ((None, None, None), (1, None, 3), (3, None, None), (4, None, 2), (2, 2, None)):
             if kdepth == 2 and not ops.aligned_groups(G, K // G):
                 continue
+            if M > 16 and (kdepth or tiles in (1, 4) or not ops.aligned_groups(G, K // G) or arch.cc != 90):
+                continue   # three and four token blocks: the planned variant and threes
             p = ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, tiles=tiles, kdepth=kdepth, warps=warps)
             y = cp.empty((M, N), dtype=x.dtype)
             ops.gemv_kernel(w, p, "float16", arch, M, specialize=True).launch(

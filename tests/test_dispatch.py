@@ -114,8 +114,8 @@ def test_gemv_dividers_check_the_index_range():
 @pytest.mark.parametrize("NT16,KS", [(448, 64), (64, 64), (96, 64), (256, 224), (4, 1), (16, 64), (12, 3),
                                      (4, 100), (12, 5), (200, 1), (1792, 64), (36, 7), (260, 6)])
 @pytest.mark.parametrize("W", [16, 12, 4])
-@pytest.mark.parametrize("TW,KD,one_slot", [(1, 1, False), (2, 1, False), (4, 1, False), (2, 2, False), (3, 1, True),
-                                             (4, 1, True)])
+@pytest.mark.parametrize("TW,KD,one_slot", [(1, 1, False), (2, 1, False), (3, 1, False), (4, 1, False), (2, 2, False),
+                                             (3, 1, True), (4, 1, True)])
 def test_gemv_split_sums_every_unit_once(NT16, KS, W, TW, KD, one_slot):
     grid = max(1, min(NT16, 132))
     out = _simulate_gemv_split(NT16, KS, grid, W, TW, KD, one_slot)
@@ -124,12 +124,17 @@ def test_gemv_split_sums_every_unit_once(NT16, KS, W, TW, KD, one_slot):
         assert seg == list(range(KS)), f"block {t}: each 64-k unit once, in k order"
 
 
-@pytest.mark.parametrize("M", [1, 2, 5, 8, 9, 16])
+@pytest.mark.parametrize("M", [1, 2, 5, 8, 9, 16, 17, 24, 25, 32])
 @pytest.mark.parametrize("arch", list(jit.ARCHS))
 def test_gemv_plan_fits_the_arch(M, arch):
     a = jit.ARCHS[arch]
     for K, N, G in [(4096, 28672, 128), (14336, 4096, 32), (64, 64, 64), (28672, 8192, 128)]:
-        for nb, tiles in kernels.GEMV_SHAPES:
+        shapes = kernels.gemv_shapes(a, G % 64 == 0 or K // G == 1)
+        if M > 16 and (a.cc < 90 or G % 64):
+            assert not any(nb == -(-M // 8) for nb, _ in shapes)
+            with pytest.raises(ValueError, match="no GEMV variant"):
+                plan_gemv(M, K, N, G, arch=a)
+        for nb, tiles in shapes:
             if nb != -(-M // 8):
                 continue
             p = plan_gemv(M, K, N, G, arch=a, tiles=tiles)
@@ -208,10 +213,82 @@ def test_gemv_one_partial_slot_per_warp_where_the_kernel_keeps_one():
         assert p["smem"] == slots * p["warps"] * 32 * p["tiles"] * p["token_blocks"] * 16, (M, K, N, p)
 
 
+def _wide_sweep():
+    """{(model, dtype, layer, K, N, M): {path: us}} of bench/results/h200_gemv_wide_sweep_v40.txt."""
+    from pathlib import Path
+
+    rows = {}
+    path = Path(__file__).resolve().parents[1] / "bench" / "results" / "h200_gemv_wide_sweep_v40.txt"
+    for line in path.read_text().splitlines():
+        if line.startswith("ROW "):
+            _, model, dt, layer, K, N, M, what, us = line.split()
+            rows.setdefault((model, dt, layer, int(K), int(N), int(M)), {})[what] = float(us)
+    return rows
+
+
+def test_gemv_wide_rule_and_tiles_match_the_h200_sweep():
+    """gemv_wide_takes gives each swept layer row (Mistral-7B M = 17..32 fp16, 17, 24, 32 bf16; Llama-2-70B 17, 24,
+    32) to the path that measured faster: the GEMV's planned variant against matmul's GEMM. Where it takes the
+    GEMV, the slot times pick the fastest variant measured but on three rows, at most 0.26 us behind."""
+    from awq_cupy.ops import gemv_wide_takes
+
+    rows = _wide_sweep()
+    assert len(rows) == 44 and {k[0] for k in rows} == {"mistral-7b", "llama-2-70b"}
+    behind = []
+    for (model, dt, layer, K, N, M), t in rows.items():
+        p = plan_gemv(M, K, N, 128, dtype=dt)
+        assert p["warps"] == kernels.gemv_max_warps(p["token_blocks"], p["tiles"], jit.ARCHS["90"])
+        gemv = t[f"gemv:{p['token_blocks']}:{p['tiles']}:{p['warps']}"]
+        takes = gemv_wide_takes(M, K, N, 128, jit.ARCHS["90"], dtype=dt)
+        assert takes == (gemv < t["gemm"]), (model, dt, layer, M, gemv, t["gemm"])
+        if takes:
+            best = min(v for k, v in t.items() if k.startswith("gemv:"))
+            if gemv > best:
+                behind.append(round(gemv - best, 2))
+    assert sorted(behind) == [0.05, 0.05, 0.26]      # two ties; bf16 Mistral-7B o at M = 24 (8.86 against 8.60)
+
+
+def test_gemv_wide_rule_limits(tmp_path, monkeypatch):
+    """The GEMV beyond 16 rows only on sm_90, for groups of whole 64-k blocks, on layers with more 16-column blocks
+    than CTAs, up to the dispatch row's gemv_wide_max_m, and never inside a batch-invariant matmul (rounds_weights
+    above)."""
+    from awq_cupy.ops import gemv_wide_takes
+
+    a = jit.ARCHS["90"]
+    assert gemv_wide_takes(17, 4096, 4096, 128, a) and gemv_wide_takes(32, 4096, 4096, 128, a)
+    assert not gemv_wide_takes(16, 4096, 4096, 128, a) and not gemv_wide_takes(33, 4096, 4096, 128, a)
+    assert not gemv_wide_takes(24, 4096, 4096, 32, a)                  # two groups per 64-k block
+    assert not gemv_wide_takes(24, 4096, 4096, 128, jit.ARCHS["89"])
+    assert not gemv_wide_takes(24, 4096, 1024, 128, a)                 # one block per CTA: not measured
+    assert not gemv_wide_takes(24, 4096, 4096, 128, a, sm_count=300)   # 256 blocks: one per CTA
+    path = tmp_path / "dispatch.json"
+    monkeypatch.setenv("AWQ_CUPY_DISPATCH", str(path))
+    dispatch.write_table(path, {"90": dispatch.Dispatch(gemv_max_m=16, cublas_min_m=768, wgmma_min_m=17,
+                                                         gemv_wide_max_m=24)}, {})
+    assert gemv_wide_takes(24, 4096, 4096, 128, a) and not gemv_wide_takes(25, 4096, 4096, 128, a)
+    dispatch.write_table(path, {"90": dispatch.Dispatch(gemv_max_m=16, cublas_min_m=768, wgmma_min_m=17)}, {})
+    assert not gemv_wide_takes(24, 4096, 4096, 128, a)                 # gemv_wide_max_m 0: never
+    for bad in (16, 33, 1, True, "24"):
+        with pytest.raises(ValueError, match="gemv_wide_max_m"):
+            dispatch.Dispatch(gemv_max_m=16, cublas_min_m=768, gemv_wide_max_m=bad)
+    with pytest.raises(ValueError, match="below cublas_min_m=24"):
+        dispatch.Dispatch(gemv_max_m=16, cublas_min_m=24, gemv_wide_max_m=24)
+    dispatch.reload()
+
+
 def test_gemv_plan_rejects_bad_m():
-    for M in (0, 17):
-        with pytest.raises(ValueError, match="GEMV"):
+    for M in (0, 33):
+        with pytest.raises(ValueError, match="no GEMV variant"):
             plan_gemv(M, 64, 64, 64)
+    with pytest.raises(ValueError, match="more than 16 rows need compute capability 9.0"):
+        plan_gemv(17, 4096, 4096, 128, arch=jit.ARCHS["89"])
+    with pytest.raises(ValueError, match="groups of whole 64-k blocks"):
+        plan_gemv(32, 4096, 4096, 32)
+    assert plan_gemv(17, 64, 64, 64)["tiles"] == 2      # one block per CTA: the pairs (no (3, 1) variant)
+    with pytest.raises(ValueError, match="tiles=1 is not a GEMV variant"):
+        plan_gemv(17, 64, 64, 64, tiles=1)
+    with pytest.raises(ValueError, match="tiles=4 is not a GEMV variant"):
+        plan_gemv(25, 4096, 4096, 128, tiles=4)
     with pytest.raises(ValueError, match="tiles"):
         plan_gemv(1, 64, 64, 64, tiles=5)
     with pytest.raises(ValueError, match="tiles"):
@@ -354,8 +431,8 @@ def test_gemv_slot_in_the_dispatch_table(tmp_path, monkeypatch):
     assert plan_gemv(1, 4096, 6144, 128, dtype="bfloat16")["tiles"] == 3
     assert hash(row) == hash(dispatch.Dispatch(gemv_max_m=16, cublas_min_m=768))
     _assert_rejected(path, "gemv_slot", (
-        ({"float32": {1: {2: 1.0}}}, "float32"), ({"float16": {3: {2: 1.0}}}, "token blocks"),
-        ({"float16": {1: {5: 1.0}}}, "tiles"), ({"float16": {1: {2: -1.0}}}, "positive"),
+        ({"float32": {1: {2: 1.0}}}, "float32"), ({"float16": {5: {2: 1.0}}}, "token blocks"),
+        ({"float16": {1: {5: 1.0}}}, "tiles"), ({"float16": {4: {4: 1.0}}}, "tiles"), ({"float16": {1: {2: -1.0}}}, "positive"),
         ({"float16": {1: {2: "x"}}}, "positive"), ({"float16": {1: 3}}, "tiles: time"), ({}, "non-empty")),
         {"float16": {"1": {"2": 0}}})
 
@@ -467,8 +544,16 @@ def test_tuned_table_round_trip_and_precedence(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="gemv_max_m=64"):
         dispatch.for_arch("90")
     path.write_text('{"table": {"90": {"gemv_max_m": 8, "cublas_min_m": 128}}}')   # written before wgmma_min_m
+    dispatch.reload()                                               # and gemv_wide_max_m: the built-in row's
+    assert dispatch.for_arch("90") == dispatch.Dispatch(8, 128, dispatch.TABLE["90"].wgmma_min_m,
+                                                        gemv_wide_max_m=dispatch.TABLE["90"].gemv_wide_max_m)
+    path.write_text('{"table": {"90": {"gemv_max_m": 8, "cublas_min_m": 24}}}')     # no room for it: 0
     dispatch.reload()
-    assert dispatch.for_arch("90") == dispatch.Dispatch(8, 128, dispatch.TABLE["90"].wgmma_min_m)
+    assert dispatch.for_arch("90").gemv_wide_max_m == 0 and dispatch.for_arch("80").gemv_wide_max_m == 0
+    path.write_text('{"table": {"90": {"gemv_max_m": 8, "cublas_min_m": 128, "gemv_wide_max_m": 40}}}')
+    dispatch.reload()
+    with pytest.raises(ValueError, match="gemv_wide_max_m=40 must be 0 or 17 to 32"):
+        dispatch.for_arch("90")
     path.write_text('{"table": {"90": {"gemv_max_m": 8, "cublas_min_m": 128, "wgmma_min_m": 0}}}')
     dispatch.reload()
     with pytest.raises(ValueError, match="wgmma_min_m=0 must be a positive integer or None"):
@@ -868,6 +953,11 @@ def test_dispatch_table_is_consistent():
     assert rounds_weights(16, **down) and rounds_weights(9, **down, dtype="bfloat16")
     assert not rounds_weights(8, **down) and not rounds_weights(16, K=4096, N=28672, group_size=128)
     assert not rounds_weights(16)                     # no shape: the other variants' answer
+    # beyond 16 rows: the GEMV's exact (q - z) where gemv_wide_takes gives it the layer, else the GEMM's rounding
+    gate_up = dict(K=4096, N=28672, group_size=128)
+    assert not rounds_weights(24, **gate_up) and rounds_weights(25, **gate_up) and rounds_weights(24, **down)
+    assert not rounds_weights(32, K=4096, N=6144, group_size=128) and rounds_weights(33, K=4096, N=6144)
+    assert rounds_weights(24) and rounds_weights(24, **gate_up, batch_invariant=True)
     assert uses_cublas(d.cublas_min_m, "float16") and not uses_cublas(d.cublas_min_m - 1, "float16")
     assert not uses_cublas(10**6, "bfloat16") and not uses_cublas(10**6, "float16", batch_invariant=True)
 

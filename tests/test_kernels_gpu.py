@@ -243,9 +243,12 @@ def test_gemv_variants_against_reference(rng, tiles, K, N, G, kind):
     Q, Z, S, G = random_layer(rng, K, N, G)
     w = _weight(Q, Z, S, G, kind)
     bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
-    from awq_cupy.kernels import GEMV_SHAPES as instantiated
+    from awq_cupy.jit import arch_of_device
+    from awq_cupy.kernels import gemv_shapes
+    from awq_cupy.ops import aligned_groups
 
-    for M in (1, 3, 8, 9, 16):
+    instantiated = gemv_shapes(arch_of_device(0), aligned_groups(G, K // G))   # three, four token blocks: sm_90
+    for M in (1, 3, 8, 9, 16, 17, 24, 25, 32):
         if (-(-M // 8), tiles) not in instantiated:
             continue
         x = random_x(rng, M, K, kind)
@@ -303,13 +306,48 @@ def test_matmul_takes_two_k_block_pairs_where_planned(rng, kind):
         assert_matmul_close(_run(x, w), x, W64, kind, what=f"matmul {K}x{N} M={M} {kind} kdepth={plan['kdepth']}")
 
 
+@pytest.mark.parametrize("kind", ["float16", "bfloat16"])
+def test_matmul_takes_the_wide_gemv_where_planned(rng, kind):
+    """From 17 to 32 rows matmul runs the GEMV's three- and four-token-block variants on the layers
+    ops.gemv_wide_takes gives them (sm_90, groups of whole 64-k blocks; exact (q - z) with the scales on fp32
+    group sums) and the GEMM elsewhere (rounded weights); both give the reference's result, with a bias, N not a
+    multiple of 64 and a CTA's last column group short."""
+    from awq_cupy import ops
+    from awq_cupy.jit import arch_of_device
+
+    arch, sms = arch_of_device(0), ops._sm_count(0)
+    # small (GEMV at every M), CTAs of 6-7 blocks with K x N past the small-layer bound (GEMV up to 24 rows),
+    # two blocks per CTA past it (the GEMM), one group of K
+    shapes = [(4096, 6144 - 40, 128), (2560, 16 * (6 * sms + sms // 2), 64), (8192, 16 * 2 * sms, 128),
+              (1000, 16 * 2 * sms + 8, -1)]
+    taken = set()
+    for K, N, G in shapes:
+        Q, Z, S, G = random_layer(rng, K, N, G)
+        w = _weight(Q, Z, S, G, kind)
+        bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
+        for M in (17, 20, 24, 25, 31, 32):
+            takes = ops.gemv_wide_takes(M, K, N, G, arch, sms, kind)
+            assert ops.rounds_weights(M, arch_key=arch.key, K=K, N=N, group_size=G, dtype=kind,
+                                      sm_count=sms) == (not takes)
+            taken.add((K, N, M, takes))
+            x = random_x(rng, M, K, kind)
+            assert_matmul_close(_run(x, w, bias), x, matmul_weight(Q, Z, S, G, kind, M), kind, bias=bias,
+                                what=f"matmul {K}x{N} G={G} M={M} {kind} wide GEMV={takes}")
+    if arch.cc == 90 and sms >= 100:
+        assert {(K, N) for K, N, M, t in taken if t and M == 32} == {(4096, 6104), (1000, 16 * 2 * sms + 8)}
+        assert {(K, N) for K, N, M, t in taken if t and M == 24} == {(4096, 6104), (2560, 16 * (6 * sms + sms // 2)),
+                                                                     (1000, 16 * 2 * sms + 8)}
+        assert not any(t for K, N, M, t in taken if K == 8192)
+
+
 def test_gemv_every_warp_count(rng):
     K, N, G = 2048, 4160, 128
     Q, Z, S, G = random_layer(rng, K, N, G)
     w = _weight(Q, Z, S, G, "float16")
-    from awq_cupy.kernels import GEMV_SHAPES
+    from awq_cupy.jit import arch_of_device
+    from awq_cupy.kernels import gemv_shapes
 
-    for nb, tiles in GEMV_SHAPES:
+    for nb, tiles in gemv_shapes(arch_of_device(0)):
         M = 8 * nb - 3
         x = random_x(rng, M, K, "float16")
         W64 = gemv_weight(Q, Z, S, G, "float16", M, tiles)
@@ -327,8 +365,10 @@ def test_gemv_short_column_groups_against_reference(rng, G):
     column group is short and the warps' runs end inside and across groups; K = 1088 (17 units per block, odd), two
     scale groups per unit at G = 32; every warp count down to one."""
     from awq_cupy import ops
-    from awq_cupy.kernels import GEMV_SHAPES as instantiated
+    from awq_cupy.jit import arch_of_device
+    from awq_cupy.kernels import gemv_shapes
 
+    instantiated = gemv_shapes(arch_of_device(0), G % 64 == 0)
     sms = ops._sm_count(0)
     K, N = 1088, 16 * (6 * sms + sms // 2)
     Q, Z, S, G = random_layer(rng, K, N, G)
@@ -353,14 +393,15 @@ def test_gemv_is_deterministic_and_rows_are_independent(rng):
     K, N = 14336, 4096
     Q, Z, S, G = random_layer(rng, K, N, 128)
     w = _weight(Q, Z, S, G, "float16")
-    x = random_x(rng, 16, K, "float16")
-    from awq_cupy.kernels import GEMV_SHAPES as instantiated
-    from awq_cupy.kernels import gemv_scaled
+    x = random_x(rng, 32, K, "float16")
+    from awq_cupy.jit import arch_of_device
+    from awq_cupy.kernels import gemv_scaled, gemv_shapes
 
+    instantiated = gemv_shapes(arch_of_device(0))
     for tiles in (1, 2, 3, 4):
-        rows = np.concatenate([_gemv(x[i:i + 1], w, tiles) for i in range(16)])
+        rows = np.concatenate([_gemv(x[i:i + 1], w, tiles) for i in range(32)])
         one = plan_gemv(1, K, N, G, tiles=tiles)
-        for M in (3, 8, 16):
+        for M in (3, 8, 16, 24, 32):
             if (-(-M // 8), tiles) not in instantiated:
                 continue
             a, b = _gemv(x[:M], w, tiles), _gemv(x[:M], w, tiles)
@@ -378,10 +419,12 @@ def test_gemv_compiled_for_the_launch_shape(rng, K, N, G, kind, monkeypatch):
     """The GEMV compiled for one launch shape (ops.gemv_kernel with specialize=True; what matmul runs on compute
     capability 9.0 for model-sized weights; at M = 1 and 16 compiled for the token count too, M = 1 here at every
     size) gives bitwise the generic variant's result, and the reference's, for every planned variant (pairs with two
-    k blocks, threes, fours; G % 64 = 32; one group; N not a multiple of 64), with and without a bias, at one and
-    two token blocks and other warp counts. Runs on any GPU (the constants are not arch-specific)."""
+    k blocks, threes, fours; G % 64 = 32; one group; N not a multiple of 64), with and without a bias, at one to
+    four token blocks (three and four on sm_90 with groups of whole 64-k blocks) and other warp counts. Runs on any
+    GPU (the constants are not arch-specific)."""
     from awq_cupy import ops
     from awq_cupy.jit import arch_of_device
+    from awq_cupy.kernels import gemv_shapes
 
     monkeypatch.setattr(ops, "GEMV_M1_MIN_WEIGHTS", 0)
 
@@ -389,9 +432,11 @@ def test_gemv_compiled_for_the_launch_shape(rng, K, N, G, kind, monkeypatch):
     w = _weight(Q, Z, S, G, kind)
     bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
     arch, sms = arch_of_device(0), ops._sm_count(0)
-    for M in (1, 5, 9, 16):
+    for M in (1, 5, 9, 16, 20, 32):
         x = random_x(rng, M, K, kind)
         xg = cp.asarray(x)
+        if M > 16 and not any(nb == -(-M // 8) for nb, _ in gemv_shapes(arch, ops.aligned_groups(G, K // G))):
+            continue   # three and four token blocks: sm_90, groups of whole 64-k blocks
         base = ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, dtype=kind)
         W64 = gemv_weight(Q, Z, S, G, kind, M, base["tiles"], base["kdepth"])
         for warps in sorted({base["warps"], 3}):
