@@ -39,10 +39,10 @@ GEMV_WIDE_LIMIT = 32  # and per layer shape (ops.gemv_wide_takes: three and four
 # v36: the pairs there decode scaled weights at 16 warps). With the two-k-block pairs' times below, each picks the
 # measured fastest variant on every swept layer (bench/NOTES.md v29, v36, v37). A row without its own ``gemv_slot``
 # uses these; `python -m awq_cupy tune` fits the GPU's own (one and two token blocks).
-# Three and four token blocks: set by hand over the v40 sweep (bench/results/h200_gemv_wide_sweep_v40.txt: Mistral-7B
-# M = 17..32 fp16, 17, 24, 32 bf16; Llama-2-70B M = 17, 24, 32 fp16). They pick the fastest variant on every layer
-# row that ops.gemv_wide_takes gives the GEMV but three: two ties (0.05 us) and bf16 Mistral-7B o at M = 24 (8.86
-# against 8.60 us).
+# Three and four token blocks: set by hand over the v40 sweep (bench/results/h200_gemv_wide_sweep_v40.txt:
+# Mistral-7B M = 17..32 fp16, 17, 24, 32 bf16; Llama-2-70B M = 17, 24, 32 fp16 and bf16). They pick the fastest
+# variant on every layer row that ops.gemv_wide_takes gives the GEMV but three: two ties (0.05 us) and bf16
+# Mistral-7B o at M = 24 (8.86 against 8.60 us).
 GEMV_SLOT_TILES = (2, 3, 4)
 H200_GEMV_SLOT = {"float16": {1: {4: 1.0, 3: 1.0, 2: 1.18}, 2: {4: 1.0, 3: 1.04, 2: 1.15},
                               3: {4: 1.0, 3: 1.1, 2: 1.2}, 4: {3: 1.0, 2: 1.2}},

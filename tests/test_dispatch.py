@@ -227,13 +227,15 @@ def _wide_sweep():
 
 
 def test_gemv_wide_rule_and_tiles_match_the_h200_sweep():
-    """gemv_wide_takes gives each swept layer row (Mistral-7B M = 17..32 fp16, 17, 24, 32 bf16; Llama-2-70B 17, 24,
-    32) to the path that measured faster: the GEMV's planned variant against matmul's GEMM. Where it takes the
-    GEMV, the slot times pick the fastest variant measured but on three rows, at most 0.26 us behind."""
+    """gemv_wide_takes gives each swept layer row (Mistral-7B M = 17..32 fp16, 17, 24, 32 bf16; Llama-2-70B 17,
+    24, 32 fp16 and bf16) to the path that measured faster: the GEMV's planned variant against matmul's GEMM.
+    Where it takes the GEMV, the slot times pick the fastest variant measured but on three rows, at most 0.26 us
+    behind."""
     from awq_cupy.ops import gemv_wide_takes
 
     rows = _wide_sweep()
-    assert len(rows) == 44 and {k[0] for k in rows} == {"mistral-7b", "llama-2-70b"}
+    assert len(rows) == 56 and {k[:2] for k in rows} == {(m, d) for m in ("mistral-7b", "llama-2-70b")
+                                                         for d in ("float16", "bfloat16")}
     behind = []
     for (model, dt, layer, K, N, M), t in rows.items():
         p = plan_gemv(M, K, N, 128, dtype=dt)
