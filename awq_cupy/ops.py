@@ -515,16 +515,17 @@ def gemv_wide_takes(M: int, K: int, N: int, group_size: int, arch, sm_count: int
     instead of the GEMM: for 16 < M <= the dispatch row's ``gemv_wide_max_m`` (and above its ``gemv_max_m``), on
     compute capability 9.0 with groups of whole 64-k blocks and more 16-column blocks than CTAs (the measured
     layers have 2 to 28 per CTA), where K x N <= GEMV_WIDE_SMALL, or M <= 24 and the GEMV's plan takes three or
-    four blocks per unit. Measured on the H200 (bench/results/
-    h200_gemv_wide_sweep_v40.txt; bench/NOTES.md v41): it picks the faster of the two on all 56 layer rows of
-    Mistral-7B at M = 17..32 (fp16; 17, 24 and 32 bf16) and Llama-2-70B at M = 17, 24, 32 (fp16, bf16; bf16 o at
-    M = 17 a tie, 18.49 against 18.51 us). The GEMV's fixed cost
-    is lower, the GEMM's cost per weight: the GEMV won on the small layers at every M (Mistral-7B qkv M = 32 9.8
-    against 12.2 us), on the large ones up to 24 rows where its units have three or four blocks (Llama-2-70B
-    gate_up M = 24 98.4 against 121.4), and lost where the units are pairs (Mistral-7B down: two blocks per CTA,
-    M = 24 21.5 against 19.7) or at 25..32 rows (Mistral-7B gate_up M = 32 34.8 against 33.8)."""
+    four blocks per unit.
+
+    Measured on the H200 (bench/results/h200_gemv_wide_sweep_v40.txt, bench/NOTES.md v41): it picks the faster of
+    the two on all 56 layer rows of Mistral-7B at M = 17..32 (fp16; 17, 24 and 32 bf16) and Llama-2-70B at M = 17,
+    24, 32 (fp16 and bf16; bf16 o at M = 17 a tie, 18.49 against 18.51 us). The GEMV's fixed cost is lower, the
+    GEMM's cost per weight: the GEMV won on the small layers at every M (Mistral-7B qkv M = 32 9.8 against 12.2
+    us), on the large ones up to 24 rows where its units have three or four blocks (Llama-2-70B gate_up M = 24
+    98.4 against 121.4), and lost where the units are pairs (Mistral-7B down: two blocks per CTA, M = 24 21.5
+    against 19.7) or at 25..32 rows (Mistral-7B gate_up M = 32 34.8 against 33.8)."""
     row = dispatch.for_arch(arch.key)
-    if not max(row.gemv_max_m, 16) < M <= row.gemv_wide_max_m or arch.cc < 90:
+    if not max(row.gemv_max_m, dispatch.GEMV_LIMIT) < M <= row.gemv_wide_max_m or arch.cc < 90:
         return False
     NT16, grid = gemv_grid(N, sm_count)
     if not aligned_groups(group_size, max(1, K // group_size)) or NT16 <= grid:
