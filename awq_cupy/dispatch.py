@@ -230,6 +230,12 @@ TABLE: dict[str, Dispatch] = {
 MODEL_FIELDS = ("fused_unit_us", "dequant_tbps", "cublas_tflops")
 
 
+def builtin_gemv_wide(arch_key: str, cublas_min_m) -> int:
+    """The built-in row's ``gemv_wide_max_m`` for a row with this ``cublas_min_m``: 0 where that leaves no room."""
+    wide = TABLE.get(arch_key, TABLE["default"]).gemv_wide_max_m
+    return wide if cublas_min_m > wide else 0
+
+
 def builtin_model(arch_key: str, cublas_min_m, wgmma_min_m) -> dict:
     """The built-in row's cost model fields for a row with these values (empty when they rule it out)."""
     builtin = TABLE.get(arch_key, TABLE["default"])
@@ -267,7 +273,7 @@ def load_table(path: Path) -> dict[str, Dispatch]:
             v = dict(v)
             builtin = TABLE.get(str(k), TABLE["default"])
             v.setdefault("wgmma_min_m", builtin.wgmma_min_m)
-            v.setdefault("gemv_wide_max_m", builtin.gemv_wide_max_m if v.get("cublas_min_m", 0) > 32 else 0)
+            v.setdefault("gemv_wide_max_m", builtin_gemv_wide(str(k), v.get("cublas_min_m", 0)))
             if not any(name in v for name in MODEL_FIELDS):
                 v.update(builtin_model(str(k), v["cublas_min_m"], v["wgmma_min_m"]))
             out[str(k)] = Dispatch(**v)

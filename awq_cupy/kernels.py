@@ -80,9 +80,14 @@ GEMV_SHAPES = ((1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2), (2, 3), (2, 4))  
 GEMV_WIDE_SHAPES = ((3, 2), (3, 3), (3, 4), (4, 1), (4, 2), (4, 3))
 
 
+def gemv_wide_shapes(arch: Arch) -> tuple[tuple[int, int], ...]:
+    """The three- and four-token-block GEMV variants built for ``arch`` (for groups of whole 64-k blocks)."""
+    return GEMV_WIDE_SHAPES if arch.cc >= 90 else ()
+
+
 def gemv_shapes(arch: Arch, aligned: bool = True) -> tuple[tuple[int, int], ...]:
     """The (token blocks, tiles) GEMV variants built for ``arch`` (``aligned``: groups of whole 64-k blocks)."""
-    return GEMV_SHAPES + (GEMV_WIDE_SHAPES if arch.cc >= 90 and aligned else ())
+    return GEMV_SHAPES + (gemv_wide_shapes(arch) if aligned else ())
 # Shapes also built with two 64-k blocks per unit (template KD = 2; groups of whole 64-k blocks only): a unit of
 # pairs then holds as many block-units as one of fours, without the fours' padding (bench/NOTES.md v29).
 GEMV_KD2_SHAPES = ((1, 2), (2, 2))
@@ -131,7 +136,7 @@ GEMV_TC = KernelFamily("gemv_tc", "gemv_tc.cu",
                        + tuple(gemv_variant(d, nb, tw, True, 2) for d in gemm_dtypes(arch)
                                for nb, tw in GEMV_KD2_SHAPES)
                        + tuple(gemv_variant(d, nb, tw, True) for d in gemm_dtypes(arch)
-                               for nb, tw in gemv_shapes(arch)[len(GEMV_SHAPES):]),
+                               for nb, tw in gemv_wide_shapes(arch)),
                        hot=True)
 
 # The GEMV's shape arguments after M (awq_cupy.ops.gemv_shape_args), as the AWQ_GEMV_<name> defines of a variant

@@ -206,9 +206,8 @@ def main(args) -> int:
     modelled = dispatch.TABLE.get(arch.key, dispatch.TABLE["default"]).has_cost_model and has_wgmma(arch)
     gemv_max, cublas_min, wgmma_min = choose(sums, per_layer if modelled else None)
     # the built-in cost model (per layer shape from cublas_min_m on) stays with the tuned thresholds
-    builtin = dispatch.TABLE.get(arch.key, dispatch.TABLE["default"])
     row = dispatch.Dispatch(gemv_max_m=gemv_max, cublas_min_m=cublas_min, wgmma_min_m=wgmma_min,
-                            gemv_wide_max_m=builtin.gemv_wide_max_m if cublas_min > builtin.gemv_wide_max_m else 0,
+                            gemv_wide_max_m=dispatch.builtin_gemv_wide(arch.key, cublas_min),
                             gemv_slot={args.dtype: slot} if slot else None,
                             gemv_kd2_slot={args.dtype: kd2} if kd2 else None,
                             **dispatch.builtin_model(arch.key, cublas_min, wgmma_min))

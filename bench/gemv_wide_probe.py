@@ -14,7 +14,7 @@ import awq_cupy
 from awq_cupy import ops
 from awq_cupy.bench import MODELS, Timer, rotated_weights
 from awq_cupy.jit import arch_of_device, get_kernel
-from awq_cupy.kernels import gemv_shape_family, gemv_smem_bytes, gemv_variant
+from awq_cupy.kernels import gemv_max_warps, gemv_shape_family, gemv_smem_bytes, gemv_variant
 
 ms = [int(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else [24, 32]
 kind = sys.argv[2] if len(sys.argv) > 2 else "float16"
@@ -26,11 +26,6 @@ sms = ops._sm_count(0)
 timer = Timer()
 rng = np.random.default_rng(0)
 sums = {}
-
-
-def max_warps(nb, tw):
-    t = tw * nb
-    return 8 if t >= 8 else 12 if t >= 4 else 16
 
 
 for name, K, N in MODELS[model]:
@@ -52,7 +47,7 @@ for name, K, N in MODELS[model]:
         for tw in (1, 2, 3, 4):
             if not every and (nb, tw) in ((3, 1), (4, 4)):
                 continue
-            mw = max_warps(nb, tw)
+            mw = gemv_max_warps(nb, tw, arch)
             for warps in sorted({mw, 12, 8} - {w for w in (16, 12) if w > mw}, reverse=True):
                 if not every and warps != mw:
                     continue

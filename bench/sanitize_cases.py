@@ -77,7 +77,7 @@ for K, N, G in [(328, 136, -1), (1024, 520, 128), (1088, 4232, 64)]:
         w = awq_cupy.QuantizedWeight.from_gemm(t["qweight"], t["qzeros"], t["scales"], G, dtype=kind)
         dt = np.float16 if kind == "float16" else awq_cupy.ops.numpy_dtype("bfloat16")
         bias = cp.asarray(rng.standard_normal(N).astype(np.float32).astype(dt))
-        for nb, tiles in kernels.gemv_shapes(arch_of_device(0))[len(kernels.GEMV_SHAPES):]:
+        for nb, tiles in kernels.gemv_wide_shapes(arch_of_device(0)):
             for M, warps in itertools.product((8 * nb - 7, 8 * nb), (None, 3)):
                 x = cp.asarray(rng.standard_normal((M, K)).astype(np.float32).astype(dt))
                 y = cp.empty((M, N), dtype=x.dtype)
