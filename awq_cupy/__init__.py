@@ -1,17 +1,19 @@
 """awq_cupy: AWQ 4-bit (W4A16) GEMM/GEMV for CuPy arrays, without PyTorch.
 
 Data path: checkpoint (``load_checkpoint``) -> formats (``formats.unpack/to_gemm``) -> ``QuantizedWeight``
-(repacked once on the GPU) -> ``matmul`` (tensor-core kernels in ``kernels_cu/``).
+(repacked once on the GPU) -> ``matmul`` (tensor-core kernels in ``kernels_cu/``; launch plans made once per call
+shape) -> ``w.bind`` for the tightest loops, ``capture`` for a whole step as a CUDA graph.
 
 Importing this package compiles nothing, queries no device and does not import CuPy.
 """
 from importlib.metadata import PackageNotFoundError, version as _version
 
-from . import awq, formats, layout, reference
+from . import awq, formats, layout, reference, settings
 from .awq import (AWQResult, calibration_stats, fold_scales_into_linear, fold_scales_into_norm, quantize_awq,
                   search_clip, search_scales)
 from .checkpoint import Checkpoint, CheckpointError, QuantizedLayer, load_checkpoint, save_checkpoint
-from .ops import dequantize, dequantize_gemm, gemm, matmul
+from .graphs import CapturedStep, capture
+from .ops import BoundMatmul, dequantize, dequantize_gemm, gemm, matmul
 from .quantize import QuantizedTensors, quantize
 from .weight import QuantizedWeight
 
@@ -20,7 +22,7 @@ try:
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["QuantizedWeight", "matmul", "gemm", "dequantize", "dequantize_gemm", "quantize", "QuantizedTensors",
+__all__ = ["QuantizedWeight", "matmul", "BoundMatmul", "capture", "CapturedStep", "settings", "gemm", "dequantize", "dequantize_gemm", "quantize", "QuantizedTensors",
            "load_checkpoint", "save_checkpoint", "Checkpoint", "QuantizedLayer", "CheckpointError", "formats",
            "layout", "reference", "awq", "quantize_awq", "search_scales", "search_clip", "fold_scales_into_norm",
            "fold_scales_into_linear", "calibration_stats", "AWQResult", "__version__"]

@@ -150,13 +150,13 @@ def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, co
 
     import awq_cupy
 
-    from . import ops
+    from . import launch, plans
+    from .dtypes import numpy_dtype
     from .jit import arch_of_device
-    from .ops import numpy_dtype
 
     timer = Timer()
     arch = arch_of_device(cupy.cuda.runtime.getDevice())
-    sms = ops._sm_count(cupy.cuda.runtime.getDevice())
+    sms = launch.sm_count(cupy.cuda.runtime.getDevice())
     rng = np.random.default_rng(0)
     rows: list[Row] = []
     shapes = [(m, name, K, N) for m in models for (name, K, N) in MODELS[m]] if isinstance(models, list) else models
@@ -183,14 +183,14 @@ def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, co
 
             calls = {
                 "awq_cupy": lambda i: awq_cupy.matmul(x, wq[i % nq], out=y),
-                "gemv": lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, dtype, sms),
-                **{f"gemv{t}": (lambda t: lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, dtype, sms,
+                "gemv": lambda i: launch.run_gemv(x, wq[i % nq], launch.NULL, y, M, dtype, sms),
+                **{f"gemv{t}": (lambda t: lambda i: launch.run_gemv(x, wq[i % nq], launch.NULL, y, M, dtype, sms,
                                                                      tiles=t))(t) for t in (1, 2, 3, 4)},
-                "gemv2x2": lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, dtype, sms, tiles=2, kdepth=2),
-                "gemm": lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, dtype, arch, sms, False),
-                "gemm_sw": lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, dtype, arch, sms, False,
+                "gemv2x2": lambda i: launch.run_gemv(x, wq[i % nq], launch.NULL, y, M, dtype, sms, tiles=2, kdepth=2),
+                "gemm": lambda i: launch.run_gemm(x, wq[i % nq], launch.NULL, y, M, dtype, arch, sms, False),
+                "gemm_sw": lambda i: launch.run_gemm(x, wq[i % nq], launch.NULL, y, M, dtype, arch, sms, False,
                                                       wgmma=False),
-                "gemm_wg": lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, dtype, arch, sms, False,
+                "gemm_wg": lambda i: launch.run_gemm(x, wq[i % nq], launch.NULL, y, M, dtype, arch, sms, False,
                                                       wgmma=True),
                 "cublas_fp16": lambda i: cupy.matmul(x, wd[i % len(wd)], out=y),
                 "dequant_cublas": lambda i: cupy.matmul(x, awq_cupy.dequantize(wq[i % nq], out=scratch), out=y),
@@ -199,9 +199,9 @@ def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, co
             for c in contenders:
                 if c.startswith("gemv") and M > 16 and (c != "gemv" or not _gemv_exists(M, K, N, G, arch, sms)):
                     continue   # beyond 16 rows only the planned GEMV, where it has a variant (sm_90, whole blocks)
-                if c == "gemm_wg" and not ops.has_wgmma(arch):
+                if c == "gemm_wg" and not plans.has_wgmma(arch):
                     continue
-                if c == "gemv2x2" and not ops.aligned_groups(wq[0].group_size, wq[0].NG):
+                if c == "gemv2x2" and not plans.aligned_groups(wq[0].group_size, wq[0].NG):
                     continue   # two 64-k blocks per unit need groups of whole blocks
                 y.fill(np.nan)
                 calls[c](0)
@@ -226,10 +226,10 @@ def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, co
 
 
 def _gemv_exists(M, K, N, G, arch, sm_count) -> bool:
-    from . import ops
+    from . import plans
 
     try:
-        ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sm_count)
+        plans.plan_gemv(M, K, N, G, arch=arch, sm_count=sm_count)
     except ValueError:
         return False
     return True
@@ -295,26 +295,45 @@ def main(args) -> int:
         print("python -m awq_cupy bench needs a CUDA GPU: none is available here "
               "(cupy.cuda.is_available() is False). Nothing was measured.", file=sys.stderr)
         return 2
-    ms = QUICK_M if args.quick and args.m is None else DEFAULT_M if args.m is None else args.m
-    if args.shapes:
-        models = [("custom", f"{K}x{N}", K, N) for K, N in args.shapes]
-    else:
-        models = ["mistral-7b"] if args.quick else args.models
+    from . import bench_decode
+
+    decode = getattr(args, "decode", False)
+    sweep = not decode
+    with_decode = decode or not getattr(args, "no_decode", False)
     env = environment()
-    print(f"benchmarking on {env['gpu']}: {len(ms)} values of M, dtype {args.dtype}, group {args.group_size}",
-          file=sys.stderr)
-    rows = run(models, ms, dtype=args.dtype, group_size=args.group_size, trials=3 if args.quick else args.trials,
-               rotate_mb=args.rotate_mb, contenders=tuple(args.contenders))
-    result = dict(env=env, method=__doc__.split("Method", 1)[1].strip(), dtype=args.dtype,
-                  group_size=args.group_size, rows=[asdict(r) for r in rows],
-                  summary=[dict(model=m, M=M, **d) for (m, M), d in sorted(summarize(rows).items())])
+    result = dict(env=env)
+    rows = []
+    if sweep:
+        ms = QUICK_M if args.quick and args.m is None else DEFAULT_M if args.m is None else args.m
+        if args.shapes:
+            models = [("custom", f"{K}x{N}", K, N) for K, N in args.shapes]
+        else:
+            models = ["mistral-7b"] if args.quick else args.models
+        print(f"benchmarking on {env['gpu']}: {len(ms)} values of M, dtype {args.dtype}, group {args.group_size}",
+              file=sys.stderr)
+        rows = run(models, ms, dtype=args.dtype, group_size=args.group_size, trials=3 if args.quick else args.trials,
+                   rotate_mb=args.rotate_mb, contenders=tuple(args.contenders))
+        result.update(method=__doc__.split("Method", 1)[1].strip(), dtype=args.dtype, group_size=args.group_size,
+                      rows=[asdict(r) for r in rows],
+                      summary=[dict(model=m, M=M, **d) for (m, M), d in sorted(summarize(rows).items())])
+    drows, hrows = [], []
+    if with_decode:
+        dmodels = ["mistral-7b"] if args.quick else [m for m in args.models if m in bench_decode.DECODE_LAYERS]
+        dms = tuple(m for m in (args.m or bench_decode.DECODE_M) if m <= 32) if decode else bench_decode.DECODE_M
+        hrows = bench_decode.run_host(dms)
+        for m in dmodels:
+            drows += bench_decode.run_model(m, dms, trials=3 if args.quick else args.trials)
+        result.update(decode_method=bench_decode.__doc__.strip(), decode=drows, host_us=hrows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
-    if args.plot:
+    if rows and args.plot:
         try:
             plot(rows, args.plot)
         except ImportError:
             print("matplotlib is not installed: no plot (pip install awq_cupy[plot])", file=sys.stderr)
-    print_table(rows, env)
+    if rows:
+        print_table(rows, env)
+    if with_decode:
+        bench_decode.print_decode(drows, hrows)
     return 0

@@ -98,6 +98,10 @@ def main(argv=None) -> int:
     b.add_argument("--contenders", nargs="+", choices=CONTENDERS + PATHS, default=list(CONTENDERS),
                    help="what to time (default: %(default)s); gemv1..gemv4, gemv2x2 (pairs of two 64-k blocks), gemm "
                         "force one awq_cupy path")
+    b.add_argument("--decode", action="store_true",
+                   help="only the decode step (eager and CUDA graph against cuBLAS fp16) and the host us per call")
+    b.add_argument("--no-decode", dest="no_decode", action="store_true",
+                   help="only the per-layer kernel sweep (the default run does both)")
     b.add_argument("--quick", action="store_true", help="Mistral-7B, M in 1,16,64,256,1024, 3 trials (~1 minute)")
     b.add_argument("--json", default="bench_results.json", help="where to write the JSON results")
     b.add_argument("--plot", default="bench_results.png", help="where to write the PNG plot (needs matplotlib)")

@@ -2,7 +2,7 @@
 
 ``gemv_max_m``: largest M for the swapped-operand tensor-core GEMV (kernels_cu/gemv_tc.cu; at most 16).
 ``gemv_wide_max_m``: 0, or the largest M (17..32) up to which the GEMV's three- and four-token-block variants run
-beyond ``gemv_max_m`` on the layer shapes ``ops.gemv_wide_takes`` gives them (compute capability 9.0 only).
+beyond ``gemv_max_m`` on the layer shapes ``plans.gemv_wide_takes`` gives them (compute capability 9.0 only).
 ``cublas_min_m``: smallest M at which dequantize + cuBLAS (fp16 only) beats the fused GEMM (with a cost model: the
 smallest M at which it may, the model deciding per layer shape); it is never used while the current stream is
 capturing a CUDA graph (CuPy cannot capture cuBLAS), nor with ``batch_invariant``.
@@ -10,9 +10,9 @@ capturing a CUDA graph (CuPy cannot capture cuBLAS), nor with ``batch_invariant`
 smallest M at which the fused GEMM is that kernel rather than the mma.sync one (kernels_cu/gemm_tc.cu); None:
 never. ``batch_invariant`` matmul runs one GEMM kernel for every M: the wgmma one unless this is None.
 ``gemv_slot``: the GEMV's relative time per 16-column block slot of its 2-, 3- and 4-block variants, per dtype and
-token blocks, from which ``ops.gemv_tiles_for`` picks the variant per layer shape; None: the H200's
+token blocks, from which ``plans.gemv_tiles_for`` picks the variant per layer shape; None: the H200's
 (``H200_GEMV_SLOT``). ``gemv_kd2_slot``: the same for its pairs with two 64-k blocks per unit, from which
-``ops.gemv_kdepth_for`` decides whether they replace that pick; None: the H200's (``H200_GEMV_KD2_SLOT``).
+``plans.gemv_kdepth_for`` decides whether they replace that pick; None: the H200's (``H200_GEMV_KD2_SLOT``).
 
 The built-in rows below were measured with ``python -m awq_cupy bench`` (bench/NOTES.md). ``python -m awq_cupy
 tune`` measures them on the GPU at hand and writes a JSON table; ``for_arch`` reads that file when it exists:
@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-GEMV_LIMIT = 16      # the GEMV's largest M for every layer shape (two token blocks of 8)
-GEMV_WIDE_LIMIT = 32  # and per layer shape (ops.gemv_wide_takes: three and four token blocks, sm_90)
+from . import settings
 
-# The GEMV's blocks per warp unit (ops.gemv_tiles_for) come from a time per 16-column block slot of its 2-, 3- and
+GEMV_LIMIT = 16      # the GEMV's largest M for every layer shape (two token blocks of 8)
+GEMV_WIDE_LIMIT = 32  # and per layer shape (plans.gemv_wide_takes: three and four token blocks, sm_90)
+
+# The GEMV's blocks per warp unit (plans.gemv_tiles_for) come from a time per 16-column block slot of its 2-, 3- and
 # 4-block variants, per activation dtype and token blocks (1: M <= 8, 2: M = 9..16, 3 and 4: up to 24 and 32),
 # relative to the 4-block one (at four token blocks the 3-block one: there are no fours).
 # H200: `tune.fit_gemv_slot` at one token block over bench/results/h200_gemv_sweep_v29.txt for fp16 (the Mistral-7B
@@ -41,7 +42,7 @@ GEMV_WIDE_LIMIT = 32  # and per layer shape (ops.gemv_wide_takes: three and four
 # uses these; `python -m awq_cupy tune` fits the GPU's own (one and two token blocks).
 # Three and four token blocks: set by hand over the v40 sweep (bench/results/h200_gemv_wide_sweep_v40.txt:
 # Mistral-7B M = 17..32 fp16, 17, 24, 32 bf16; Llama-2-70B M = 17, 24, 32 fp16 and bf16). They pick the fastest
-# variant on every layer row that ops.gemv_wide_takes gives the GEMV but three: two ties (0.05 us) and bf16
+# variant on every layer row that plans.gemv_wide_takes gives the GEMV but three: two ties (0.05 us) and bf16
 # Mistral-7B o at M = 24 (8.86 against 8.60 us).
 GEMV_SLOT_TILES = (2, 3, 4)
 H200_GEMV_SLOT = {"float16": {1: {4: 1.0, 3: 1.0, 2: 1.18}, 2: {4: 1.0, 3: 1.04, 2: 1.15},
@@ -50,7 +51,7 @@ H200_GEMV_SLOT = {"float16": {1: {4: 1.0, 3: 1.0, 2: 1.18}, 2: {4: 1.0, 3: 1.04,
                                3: {4: 1.0, 3: 1.05, 2: 1.2}, 4: {3: 1.0, 2: 1.2}}}
 
 # The pair variants with two 64-k blocks per unit (kdepth 2; groups of whole 64-k blocks): their time per block slot
-# on the same scale, per dtype and token blocks (``ops.gemv_kdepth_for`` takes them where they cost less than the
+# on the same scale, per dtype and token blocks (``plans.gemv_kdepth_for`` takes them where they cost less than the
 # tiles' choice). H200: `tune.fit_gemv_kd2` over the same sweeps with the slot times above. fp16: they run Mistral-7B's
 # o and down up to M = 8 (a tie with pairs at M = 1, faster at 8: o 5.59 -> 5.51, down 12.60 -> 12.26 us,
 # h200_gemv_ab_kd2_plan_v29.txt); bf16 (v37, two sweeps agreeing) o, gate_up and down up to M = 8 (o a tie, down
@@ -135,7 +136,7 @@ class Dispatch:
     # Slot time of the GEMV pairs with two 64-k blocks per unit ({dtype: {token blocks: time}}, on gemv_slot's
     # scale, see H200_GEMV_KD2_SLOT); None: the H200's.
     gemv_kd2_slot: dict | None = field(default=None, hash=False)
-    # 0, or the largest M of the GEMV's three- and four-token-block variants on the shapes ops.gemv_wide_takes
+    # 0, or the largest M of the GEMV's three- and four-token-block variants on the shapes plans.gemv_wide_takes
     # gives them (beyond gemv_max_m, at most GEMV_WIDE_LIMIT).
     gemv_wide_max_m: int = 0
 
@@ -220,7 +221,7 @@ TABLE: dict[str, Dispatch] = {
     # layers feel; 0.74 us / 3.1 TB/s fits the tune as well but sends every layer at M = 4096 to the fused GEMM,
     # which the measured 0.78-0.84 us per unit there would make ~4% slower than dequantize + cuBLAS.)
     # v41 (NOTES): the GEMV's three- and four-token-block variants beat the wgmma GEMM at 17..32 rows on the layers
-    # ops.gemv_wide_takes gives them (bench/results/h200_gemv_wide_sweep_v40.txt): gemv_wide_max_m 32.
+    # plans.gemv_wide_takes gives them (bench/results/h200_gemv_wide_sweep_v40.txt): gemv_wide_max_m 32.
     "90": Dispatch(gemv_max_m=16, cublas_min_m=768, wgmma_min_m=17, fused_unit_us=0.78, dequant_tbps=2.6,
                    cublas_tflops=760.0, gemv_wide_max_m=32),
     "default": Dispatch(gemv_max_m=12, cublas_min_m=256),
@@ -245,8 +246,9 @@ def builtin_model(arch_key: str, cublas_min_m, wgmma_min_m) -> dict:
 
 
 def table_path() -> Path | None:
-    """The tuned table ``for_arch`` reads, or None (``AWQ_CUPY_DISPATCH=builtin``)."""
-    env = os.environ.get("AWQ_CUPY_DISPATCH", "")
+    """The tuned table ``for_arch`` reads, or None (``AWQ_CUPY_DISPATCH=builtin``; the variable as
+    ``settings.current()`` read it)."""
+    env = settings.current().dispatch
     if env == "builtin":
         return None
     if env:
@@ -257,6 +259,7 @@ def table_path() -> Path | None:
 
 
 _loaded: dict = {}     # AWQ_CUPY_DISPATCH value -> the tuned rows in force (read once per process)
+settings.on_reload(_loaded.clear)
 
 
 def load_table(path: Path) -> dict[str, Dispatch]:
@@ -283,15 +286,16 @@ def load_table(path: Path) -> dict[str, Dispatch]:
 
 
 def reload() -> None:
-    """Forget the tuned table read so far: the next ``for_arch`` reads the file again (``write_table`` does this;
-    call it after editing the file by other means in a running process)."""
-    _loaded.clear()
+    """Forget the tuned table read so far, and every launch plan made from it: the next ``for_arch`` reads the
+    file again (``write_table`` does this; call it after editing the file by other means in a running process).
+    The same as ``settings.reload()``, which also reads the environment again."""
+    settings.reload()
 
 
 def for_arch(arch_key: str) -> Dispatch:
     """The row for ``arch_key``: the tuned table's (read at the first call, not on every ``matmul``), else the
     built-in one."""
-    key = os.environ.get("AWQ_CUPY_DISPATCH", "")
+    key = settings.current().dispatch
     tuned = _loaded.get(key)
     if tuned is None:
         path = table_path()

@@ -20,13 +20,11 @@ Environment variables:
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import hashlib
 import json
 import os
 import re
-import struct
 import sys
 import tempfile
 import threading
@@ -426,7 +424,13 @@ class Kernel:
         self._smem_set = 0
         self._occupancy = {}
 
-    def _ensure_dynamic_smem(self, nbytes: int) -> None:
+    @property
+    def func_ptr(self) -> int:
+        """The CUfunction handle (for cuLaunchKernelEx: launch.Launch)."""
+        return self._func.ptr
+
+    def ensure_dynamic_smem(self, nbytes: int) -> None:
+        """Opt in to ``nbytes`` of dynamic shared memory (needed above 48 KB), once per size increase."""
         if nbytes > 48 * 1024 and nbytes > self._smem_set:
             from cupy_backends.cuda.api import driver
 
@@ -441,7 +445,7 @@ class Kernel:
         if n is None:
             from cupy_backends.cuda.api import driver
 
-            self._ensure_dynamic_smem(smem)
+            self.ensure_dynamic_smem(smem)
             n = self._occupancy[key] = max(1, driver.occupancyMaxActiveBlocksPerMultiprocessor(
                 self._func.ptr, threads, smem))
         return n
@@ -453,110 +457,17 @@ class Kernel:
             if isinstance(a, (int, float, bool)):
                 raise TypeError(f"kernel {self.name}: scalar argument {a!r} must be a numpy scalar "
                                 f"(np.int32/np.float32/...), not a Python {type(a).__name__}")
-        self._ensure_dynamic_smem(smem)
+        self.ensure_dynamic_smem(smem)
         if pdl:
-            _launch_pdl(self._func.ptr, tuple(grid), tuple(block), args, smem)
+            from .launch import launch_ex
+
+            launch_ex(self._func.ptr, grid, block, args, smem, pdl=True, name=self.name)
             return
         # stream=None: CuPy launches on the current stream of the calling thread.
         self._func(tuple(grid), tuple(block), args, shared_mem=smem)
 
     def __repr__(self) -> str:
         return f"Kernel({self.name!r}, device={self.device_id})"
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Programmatic dependent launch and thread-block clusters: CuPy has no cuLaunchKernelEx, so it is called through
-# ctypes (driver API, CUDA 12+ struct layouts: CUlaunchConfig, CUlaunchAttribute with a 64-byte value union).
-# ----------------------------------------------------------------------------------------------------------------
-_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
-_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
-
-
-class _LaunchAttribute(ctypes.Structure):
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
-
-
-class _LaunchConfig(ctypes.Structure):
-    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
-                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
-                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
-                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
-
-
-_libcuda = None
-_attr_sets: dict = {}   # (pdl, cluster) -> ctypes array of attributes, kept alive for the process
-
-
-def _cuda_driver():
-    global _libcuda
-    if _libcuda is None:
-        lib = ctypes.CDLL("libcuda.so.1")
-        lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
-                                         ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)]
-        lib.cuLaunchKernelEx.restype = ctypes.c_int
-        _libcuda = lib
-    return _libcuda
-
-
-def _launch_attributes(pdl: bool, cluster: tuple | None):
-    """(array, count) of the launch attributes for PDL and / or cluster dimensions, built once per set (launches
-    use PDL alone; bench/cluster_occupancy.py asks for cluster shapes)."""
-    key = (bool(pdl), tuple(cluster) if cluster else None)
-    got = _attr_sets.get(key)
-    if got is None:
-        values = []
-        if pdl:   # programmaticStreamSerializationAllowed = 1
-            values.append((_CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, struct.pack("<i", 1)))
-        if cluster:
-            c = tuple(cluster) + (1,) * (3 - len(cluster))
-            values.append((_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, struct.pack("<3I", *c)))
-        arr = (_LaunchAttribute * len(values))()
-        for a, (ident, payload) in zip(arr, values):
-            a.id = ident
-            ctypes.memmove(ctypes.addressof(a) + _LaunchAttribute.value.offset, payload, len(payload))
-        got = _attr_sets[key] = (arr, len(values))
-    return got
-
-
-_INT_SCALARS = (np.int32, np.int64, np.uint32, np.uint64)
-_MASK64 = (1 << 64) - 1
-
-
-def _arg_bits(a) -> int:
-    """One kernel argument as the 64-bit little-endian word whose first bytes are its value: device arrays by
-    pointer, numpy integer scalars at their own width (the low bytes), float32 by bit pattern. Each argument gets
-    an 8-byte slot, so a 4-byte argument is read from the low half of its slot."""
-    if isinstance(a, np.generic):
-        if isinstance(a, _INT_SCALARS):
-            return int(a) & _MASK64
-        if isinstance(a, np.float32):
-            return int(np.asarray(a).view(np.uint32))
-        raise TypeError(f"kernel argument {a!r}: numpy scalars of dtype {a.dtype} are not supported")
-    ptr = getattr(getattr(a, "data", None), "ptr", None)
-    if ptr is None:
-        raise TypeError(f"kernel argument of type {type(a).__name__} is not a device array or numpy scalar")
-    return int(ptr)
-
-
-def _launch_pdl(func_ptr: int, grid: tuple, block: tuple, args: tuple, smem: int) -> None:
-    import cupy
-
-    lib = _cuda_driver()
-    attrs, nattrs = _launch_attributes(True, None)
-    n = len(args)
-    slots = (ctypes.c_uint64 * n)(*[_arg_bits(a) for a in args])
-    base = ctypes.addressof(slots)
-    params = (ctypes.c_void_p * n)(*range(base, base + 8 * n, 8))
-    g = tuple(grid) + (1,) * (3 - len(grid))
-    b = tuple(block) + (1,) * (3 - len(block))
-    cfg = _LaunchConfig(g[0], g[1], g[2], b[0], b[1], b[2], smem, cupy.cuda.get_current_stream().ptr,
-                        ctypes.cast(attrs, ctypes.POINTER(_LaunchAttribute)), nattrs)
-    err = lib.cuLaunchKernelEx(ctypes.byref(cfg), func_ptr, params, None)
-    if err != 0:
-        name = ctypes.c_char_p()
-        lib.cuGetErrorName(err, ctypes.byref(name))
-        raise RuntimeError(f"cuLaunchKernelEx failed: CUresult {err} "
-                           f"({(name.value or b'unknown').decode()})")
 
 
 _modules: dict[tuple[int, str], object] = {}

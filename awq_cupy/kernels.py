@@ -75,7 +75,7 @@ GEMM_TC = KernelFamily("gemm_tc", "gemm_tc.cu", _gemm_variants, hot=True)
 GEMV_TOKEN_BLOCKS = (1, 2, 3, 4)
 GEMV_SHAPES = ((1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2), (2, 3), (2, 4))   # (token blocks, tiles)
 # Three and four token blocks (M = 17..32, "wide"): compute capability 9.0 only (measured there) and groups of whole
-# 64-k blocks only. matmul takes them per layer shape (ops.gemv_wide_takes); (3, 1) spills at its 512-thread bound
+# 64-k blocks only. matmul takes them per layer shape (plans.gemv_wide_takes); (3, 1) spills at its 512-thread bound
 # and (4, 4) at 256, so they are left out (bench/NOTES.md v40, v41).
 GEMV_WIDE_SHAPES = ((3, 2), (3, 3), (3, 4), (4, 1), (4, 2), (4, 3))
 
@@ -139,7 +139,7 @@ GEMV_TC = KernelFamily("gemv_tc", "gemv_tc.cu",
                                for nb, tw in gemv_wide_shapes(arch)),
                        hot=True)
 
-# The GEMV's shape arguments after M (awq_cupy.ops.gemv_shape_args), as the AWQ_GEMV_<name> defines of a variant
+# The GEMV's shape arguments after M (awq_cupy.plans.gemv_shape_args), as the AWQ_GEMV_<name> defines of a variant
 # compiled for one launch shape (kernels_cu/gemv_tc.cu AWQ_GEMV_SHAPE).
 GEMV_SHAPE_ARGS = ("N", "K", "NT16", "KS", "G", "NG", "NP", "FD_GRID", "FD_W", "FD_KQ", "FD_G")
 
@@ -147,8 +147,8 @@ GEMV_SHAPE_ARGS = ("N", "K", "NT16", "KS", "G", "NG", "NP", "FD_GRID", "FD_W", "
 def gemv_shape_family(variant: str, shape_args: tuple, warps: int,
                       extra_defines: tuple[tuple[str, str], ...] = (), tokens: int | None = None) -> KernelFamily:
     """The GEMV family with one variant, compiled for one launch shape: ``shape_args`` are the kernel's arguments
-    after M (``ops.gemv_shape_args``: N, K, NT16, KS, G, NG, Np and the four fast dividers) and ``warps`` its
-    warps per CTA; ``tokens``, if given, fixes M as well (matmul: ops.gemv_compiled_tokens). The launch must pass
+    after M (``plans.gemv_shape_args``: N, K, NT16, KS, G, NG, Np and the four fast dividers) and ``warps`` its
+    warps per CTA; ``tokens``, if given, fixes M as well (matmul: plans.gemv_compiled_tokens). The launch must pass
     the same values. One NVRTC compile (~0.3-0.5 s) per shape, then the disk cache. ``extra_defines`` (e.g.
     AWQ_GEMV_TRACE) are added. One family object per distinct set of values (cached)."""
     if len(shape_args) != len(GEMV_SHAPE_ARGS):
@@ -185,7 +185,7 @@ GEMM_WG_SLOTS = 6   # x slots of awq_gemm_wg_kernel (awq_wg::SLOTS)
 # wgmma groups each warpgroup leaves pending per k16 step (the kernel's PEND default): 3 from 128 tokens, 1 below
 # (bench/NOTES.md v20). The 128-token tile also has a PEND = 2 variant that fits 128 registers, so two CTAs share
 # an SM: faster where the grid has more CTAs than SMs (gate_up at M = 128: 56 vs 65 us), slower with one CTA per SM
-# (o: 22 vs 17 us); ops._launch_gemm picks by the planned grid. {(token blocks, tiles, depth): PEND}
+# (o: 22 vs 17 us); plans.plan_gemm_launch picks by the planned grid. {(token blocks, tiles, depth): PEND}
 GEMM_WG_PEND_TWO_PER_SM = {(16, 1, 4): 2}
 
 
@@ -222,7 +222,7 @@ def tile_x_variant(dtype: str) -> str:
 
 
 # Two K streams per CTA (KW = 2, kernels_cu/gemm_wg.cu): the default shapes of the token tiles on which
-# ops.wgmma_ksplit takes them (128 and 256 tokens).
+# plans.wgmma_ksplit takes them (128 and 256 tokens).
 GEMM_WG_KSPLIT_SHAPES = tuple(s for t, s in GEMM_WG_DEFAULT.items() if t >= 128)
 
 GEMM_WG = KernelFamily("gemm_wg", "gemm_wg.cu",

@@ -14,8 +14,8 @@ by ``matmul`` from then on.
 
 It also times the GEMV's 2-, 3- and 4-block variants and its pairs with two 64-k blocks per unit at the measured
 M up to 16 and fits their relative time per 16-column block slot (``gemv_slot``, see ``fit_gemv_slot``, and
-``gemv_kd2_slot``, see ``fit_gemv_kd2``), from which ``ops.gemv_tiles_for`` and ``ops.gemv_kdepth_for`` pick the
-variant for each layer shape. The GEMV beyond 16 rows on the layer shapes ``ops.gemv_wide_takes`` gives it
+``gemv_kd2_slot``, see ``fit_gemv_kd2``), from which ``plans.gemv_tiles_for`` and ``plans.gemv_kdepth_for`` pick the
+variant for each layer shape. The GEMV beyond 16 rows on the layer shapes ``plans.gemv_wide_takes`` gives it
 (``gemv_wide_max_m``) keeps the built-in row's setting; it is not measured here.
 """
 from __future__ import annotations
@@ -66,11 +66,11 @@ def choose(sums: dict[int, dict[str, float]], per_layer: dict | None = None) -> 
 
 def fit_gemv_slot(layers: list[tuple[int, dict[int, float]]], step: float = 0.01) -> dict[int, float] | None:
     """Slot times {2: f2, 3: f3, 4: 1.0} for one token-block count, from measured layers [(blocks per CTA, {tiles:
-    us})]: on a ``step`` grid over [0.5, 2], the (f2, f3) whose choices under ``ops.gemv_tiles_for``'s rule lose
+    us})]: on a ``step`` grid over [0.5, 2], the (f2, f3) whose choices under ``plans.gemv_tiles_for``'s rule lose
     the least summed time against each layer's fastest variant; among equals, the one nearest to the mean measured
     ratios (time per slot against the 4-block variant's, in log terms). None when no layer has two or more blocks
     per CTA and all three variants measured."""
-    from .ops import gemv_tiles_by_slot
+    from .plans import gemv_tiles_by_slot
 
     used = [(b, t, min(t[tw] for tw in (2, 3, 4))) for b, t in layers
             if b >= 2 and all(tw in t and t[tw] > 0 for tw in (2, 3, 4))]
@@ -98,11 +98,11 @@ def fit_gemv_slot(layers: list[tuple[int, dict[int, float]]], step: float = 0.01
 def fit_gemv_kd2(layers: list[tuple[int, dict]], slot: dict[int, float], step: float = 0.01) -> float | None:
     """Slot time of the pairs with two 64-k blocks per unit (key "2x2" of each layer's {tiles: us}) on ``slot``'s
     scale, for one token-block count: on a ``step`` grid over [0.5, 2], the value whose choices under
-    ``ops.gemv_kdepth_for``'s rule (against ``gemv_tiles_for``'s pick at ``slot``) lose the least summed time
+    ``plans.gemv_kdepth_for``'s rule (against ``gemv_tiles_for``'s pick at ``slot``) lose the least summed time
     against each layer's fastest variant; among equals, the one nearest to the mean measured ratio (time per slot
     against the 4-block variant's, in log terms). None when no layer has two or more blocks per CTA and all four
     variants measured."""
-    from .ops import gemv_kdepth_by_slot, gemv_tiles_by_slot
+    from .plans import gemv_kdepth_by_slot, gemv_tiles_by_slot
 
     keys = (2, 3, 4, "2x2")
     used = [(b, t, min(t[k] for k in keys)) for b, t in layers
@@ -128,7 +128,7 @@ def _gemv_layers(rows, sm_count: int, names: dict) -> dict[int, list[tuple[int, 
     """{token blocks: [(blocks per CTA, {variant: us})]} from benchmark rows of the contenders in ``names``
     ({contender: variant key}): each layer's time per variant summed over the measured M of that token-block count
     (1..8, 9..16)."""
-    from .ops import gemv_grid
+    from .plans import gemv_grid
 
     per: dict = {}
     for r in rows:
@@ -184,7 +184,8 @@ def main(args) -> int:
     from . import dispatch
     from .bench import environment, run
     from .jit import arch_of_device
-    from .ops import _sm_count, has_wgmma
+    from .launch import sm_count
+    from .plans import has_wgmma
 
     ms = args.m or DEFAULT_M
     models = [("custom", f"{K}x{N}", K, N) for K, N in args.shapes] if args.shapes else args.models
@@ -194,8 +195,8 @@ def main(args) -> int:
     tiles = ["gemv2", "gemv3", "gemv4", "gemv2x2"]
     rows = run(models, ms, dtype=args.dtype, group_size=args.group_size, trials=args.trials,
                rotate_mb=args.rotate_mb, contenders=tuple(paths + tiles))
-    slot = gemv_slot_from_rows(rows, _sm_count(cupy.cuda.runtime.getDevice()))
-    kd2 = gemv_kd2_from_rows(rows, _sm_count(cupy.cuda.runtime.getDevice()), slot, args.dtype)
+    slot = gemv_slot_from_rows(rows, sm_count(cupy.cuda.runtime.getDevice()))
+    kd2 = gemv_kd2_from_rows(rows, sm_count(cupy.cuda.runtime.getDevice()), slot, args.dtype)
     rows = [r for r in rows if r.contender not in tiles]
     sums: dict[int, dict[str, float]] = {}
     per_layer: dict = {}

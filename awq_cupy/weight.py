@@ -7,19 +7,31 @@ permuted and converted to the activation dtype. Peak extra memory during a gemm 
 """
 from __future__ import annotations
 
+import threading
+import weakref
+
 import numpy as np
 
-from . import layout
+from . import layout, settings
 from ._array import bfloat16_dtype, is_cupy
+from .dtypes import dtype_name as _dtype_name
+from .dtypes import numpy_dtype
 from .jit import as_i32
 
 __all__ = ["QuantizedWeight"]
 
+# Every weight's cache of prepared calls (ops.matmul), emptied when the settings are reloaded.
+_weights: "weakref.WeakSet[QuantizedWeight]" = weakref.WeakSet()
+_weights_lock = threading.Lock()
 
-def _dtype_name(dtype) -> str:
-    from .ops import dtype_name
 
-    return dtype_name(dtype)
+def _drop_plans() -> None:
+    with _weights_lock:
+        for w in list(_weights):
+            w._calls.clear()
+
+
+settings.on_reload(_drop_plans)
 
 
 class QuantizedWeight:
@@ -43,6 +55,12 @@ class QuantizedWeight:
         self.bias = bias
         self._scales_fp16 = _scales_fp16   # original fp16 scales [NG, N] (kept for astype), or None
         self.device = qtiles.device.id
+        # matmul's prepared calls, by call shape (ops.matmul): they hold this weight's device pointers, so the
+        # arrays above are not to be replaced after construction
+        self._calls: dict = {}
+        self._xdtype = numpy_dtype(dtype)  # the activations' array dtype (bf16: ml_dtypes', or uint16 without it)
+        with _weights_lock:
+            _weights.add(self)
 
     # ---- derived sizes ------------------------------------------------------------------------------------
     @property
@@ -182,6 +200,13 @@ class QuantizedWeight:
         return cls.from_gemm(packed["qweight"], packed["qzeros"], packed["scales"], q.group_size, dtype=dtype,
                              device=device)
 
+    def bind(self, shape, *, bias=None, batch_invariant: bool = False):
+        """``matmul`` bound to this weight and one input shape (an int M for ``[M, K]``, or a tuple ``[..., K]``)
+        and bias: a callable ``f(x, out=None)`` with the fewest checks per call (``ops.BoundMatmul``)."""
+        from .ops import BoundMatmul
+
+        return BoundMatmul(self, shape, bias=bias, batch_invariant=batch_invariant)
+
     def astype(self, dtype) -> "QuantizedWeight":
         """The same weight serving activations of ``dtype`` (shares the tiles; converts scales and zeros)."""
         kind = _dtype_name(dtype)
@@ -246,6 +271,4 @@ def _cast_vector(v, kind):
 
 def typed(bits, kind):
     """uint16 bit patterns -> an array of dtype ``kind`` (bf16: ml_dtypes.bfloat16 if installed, else uint16)."""
-    from .ops import numpy_dtype
-
     return bits.view(numpy_dtype(kind))

@@ -1,9 +1,9 @@
 """A/B timing of the GEMM on a few Mistral-7B cases, timed like `python -m awq_cupy bench`. Usage:
     [AB_CASES=o:64,gate_up:64:256] python3 bench/ab_gemm.py LABEL [PKG_DIR] RUN...
-RUN is "name" or "name:key=value,...": splits, tiles, depth, pend, reduce_cols, ksplit are ops._launch_gemm
+RUN is "name" or "name:key=value,...": splits, tiles, depth, pend, reduce_cols, ksplit are launch.run_gemm
 arguments (a depth outside the shape table is added to it; pend is the wgmma kernel's PEND template argument, any of
 1..3 here; reduce_cols the split-K reduce kernel's columns per thread, 2, 4 or 8; ksplit=2 two K streams per CTA);
-tile=T makes every M take the token tile T (ops.gemm_token_tile patched); notilex=1 skips the x tile pass (timing
+tile=T makes every M take the token tile T (plans.gemm_token_tile patched); notilex=1 skips the x tile pass (timing
 only: the GEMM reads the tiles an earlier run of the case left, so put it after a normal run). The gemm_wg family is
 narrowed to the variants the runs need, so it compiles in seconds.
 AB_DEFINES=NAME=VALUE,... compiles the gemm_wg family with those macros (probe builds); AB_NOCHECK=1 skips the
@@ -24,7 +24,7 @@ import cupy as cp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import awq_cupy  # noqa: E402
-from awq_cupy import kernels, ops  # noqa: E402
+from awq_cupy import kernels, launch, plans  # noqa: E402
 from awq_cupy.bench import MODELS, Timer, rotated_weights  # noqa: E402
 from awq_cupy.jit import _kernel_dir, arch_of_device  # noqa: E402
 
@@ -33,7 +33,7 @@ runs = []
 for a in args:
     name, _, kv = a.partition(":")
     runs.append((name, {k: int(v) for k, v in (p.split("=") for p in kv.split(",") if p)}))
-token_tile = ops.gemm_token_tile
+token_tile = plans.gemm_token_tile
 
 
 real_kernel = kernels.kernel
@@ -49,12 +49,12 @@ def _without_tile_x(family, variant, device_id=None):
 
 
 def use_tile(kw):
-    """Patch ops.gemm_token_tile for a run with tile=T, and kernels.kernel for one with notilex=1 (the x tile pass
+    """Patch plans.gemm_token_tile for a run with tile=T, and kernels.kernel for one with notilex=1 (the x tile pass
     is not launched: the GEMM reads the tiles the previous run of the same case left, a timing probe of what that
     kernel costs on the chain); returns the launch kwargs without them."""
     kw = dict(kw)
     t = kw.pop("tile", None)
-    ops.gemm_token_tile = token_tile if t is None else (lambda M, wgmma=False: t)
+    plans.gemm_token_tile = token_tile if t is None else (lambda M, wgmma=False: t)
     kernels.kernel = _without_tile_x if kw.pop("notilex", 0) else real_kernel
     return kw
 
@@ -73,13 +73,13 @@ for _, kw in runs:
     kw = use_tile(kw)
     if "depth" in kw:
         for M in sorted({m for ms in CASES.values() for m in ms}):
-            nb, tw, _ = ops.gemm_shape_for(M, kw.get("tiles"), wgmma=True)
-            if (nb, tw, kw["depth"]) not in kernels.GEMM_WG_SHAPES:
-                kernels.GEMM_WG_SHAPES += ((nb, tw, kw["depth"]),)
+            nb, tw, _ = plans.gemm_shape_for(M, kw.get("tiles"), wgmma=True)
+            if (nb, tw, kw.depth) not in kernels.GEMM_WG_SHAPES:
+                kernels.GEMM_WG_SHAPES += ((nb, tw, kw.depth),)
 for _, kw in runs:
     kw = use_tile(kw)
     for M in sorted({m for ms in CASES.values() for m in ms}):
-        nb, tw, depth = ops.gemm_shape_for(M, kw.get("tiles"), wgmma=True, depth=kw.get("depth"))
+        nb, tw, depth = plans.gemm_shape_for(M, kw.get("tiles"), wgmma=True, depth=kw.get("depth"))
         for pend in {kw.get("pend")} | set(kernels.gemm_wg_pends((nb, tw, depth))):
             needed.add(kernels.gemm_wg_variant("float16", nb, tw, depth, True, pend, kw.get("ksplit", 1)))
             if "ksplit" not in kw and "pend" not in kw and (nb, tw, depth) in kernels.GEMM_WG_KSPLIT_SHAPES:
@@ -89,7 +89,7 @@ fam = dataclasses.replace(kernels.GEMM_WG, variants=lambda arch: tuple(sorted(ne
 kernels.FAMILIES["gemm_wg"] = fam
 
 arch = arch_of_device(0)
-sms = ops._sm_count(0)
+sms = launch.sm_count(0)
 timer = Timer()
 rng = np.random.default_rng(0)
 for name, K, N in MODELS["mistral-7b"]:
@@ -104,13 +104,13 @@ for name, K, N in MODELS["mistral-7b"]:
         for run, kw in runs:
             kw = use_tile(kw)
             y = cp.empty((M, N), cp.float16)
-            ops._launch_gemm(x, wq[0], ops._NULL, y, M, "float16", arch, sms, False, wgmma=True, **kw)
+            launch.run_gemm(x, wq[0], launch.NULL, y, M, "float16", arch, sms, False, wgmma=True, **kw)
             if ref is None:
                 ref = y.astype(cp.float32)
             elif not os.environ.get("AB_NOCHECK") and not bool(cp.allclose(y.astype(cp.float32), ref, rtol=2e-2,
                                                                               atol=2e-2)):
                 raise SystemExit(f"{run}: output differs from {runs[0][0]} on {name} M={M}")
-            us = timer(lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, "float16", arch, sms, False,
+            us = timer(lambda i: launch.run_gemm(x, wq[i % nq], launch.NULL, y, M, "float16", arch, sms, False,
                                                   wgmma=True, **kw), max(20, nq), 3)
             line.append(f"{run} {us:7.1f}")
         print(f"{label:8s} {name:8s} M={M:5d}  " + "  ".join(line), flush=True)

@@ -16,7 +16,7 @@ import time
 import cupy as cp
 import numpy as np
 
-from awq_cupy import kernels, ops
+from awq_cupy import kernels, launch, plans
 from awq_cupy.bench import MODELS, Timer, rotated_weights
 from awq_cupy.jit import arch_of_device
 from awq_cupy.kernels import GEMM_WARPS, gemm_wg_smem_bytes, gemm_wg_variant, kernel
@@ -28,8 +28,8 @@ if len(sys.argv) > 3:   # extra shapes: instantiated before anything compiles
     kernels.GEMM_WG_SHAPES = kernels.GEMM_WG_SHAPES + tuple(e for e in extra if e not in kernels.GEMM_WG_SHAPES)
 t_start = time.perf_counter()
 arch = arch_of_device(0)
-wg = ops.has_wgmma(arch)
-sms = ops._sm_count(0)
+wg = plans.has_wgmma(arch)
+sms = launch.sm_count(0)
 timer = Timer()
 rng = np.random.default_rng(0)
 sums = {}
@@ -45,7 +45,7 @@ for name, K, N in MODELS["mistral-7b"]:
 
         def t(**kw):
             print(f"[{time.perf_counter() - t_start:7.1f}s] {name} M={M} {kw} ...", end="", file=sys.stderr, flush=True)
-            us = timer(lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, "float16", arch, sms, False, **kw),
+            us = timer(lambda i: launch.run_gemm(x, wq[i % nq], launch.NULL, y, M, "float16", arch, sms, False, **kw),
                        max(20, nq), 3)
             print(f" {us:.1f} us", file=sys.stderr, flush=True)
             return us
@@ -55,18 +55,18 @@ for name, K, N in MODELS["mistral-7b"]:
         if wg:
             row["wg"] = t(wgmma=True)
             for nb, tw, p in kernels.GEMM_WG_SHAPES:
-                if ops.gemm_token_tile(M, True) != 8 * nb:
+                if plans.gemm_token_tile(M, True) != 8 * nb:
                     continue
                 per_sm = kernel("gemm_wg", gemm_wg_variant("float16", nb, tw, p, True)).resident_blocks(
                     32 * GEMM_WARPS, gemm_wg_smem_bytes(nb))
-                pp = ops.plan_gemm(M, K, N, G, wgmma=True, sm_count=sms, resident=per_sm * sms, tiles=tw, depth=p)
-                for sp in sorted({1, 2, 4, 8, pp["splits"]} | ({16} if M <= 128 else set())):
+                pp = plans.plan_gemm(M, K, N, G, wgmma=True, sm_count=sms, resident=per_sm * sms, tiles=tw, depth=p)
+                for sp in sorted({1, 2, 4, 8, pp.splits} | ({16} if M <= 128 else set())):
                     if sp <= max(1, KS // 2):
                         us = t(wgmma=True, tiles=tw, depth=p, splits=sp)
                         res.append((us, f"{nb},{tw},{p}", sp))
                         records.append(dict(layer=name, K=K, N=N, M=M, shape=[nb, tw, p], splits=sp, us=us,
-                                            planned=sp == pp["splits"], per_sm=per_sm, grid=pp["grid"][0] *
-                                            pp["grid"][2]))
+                                            planned=sp == pp.splits, per_sm=per_sm, grid=pp.grid[0] *
+                                            pp.grid[2]))
             res.sort()
             row["best"] = min(res[0][0], row["wg"])
         for k, v in row.items():

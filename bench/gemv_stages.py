@@ -13,7 +13,7 @@ import sys
 import cupy as cp
 import numpy as np
 
-from awq_cupy import kernels, ops
+from awq_cupy import kernels, launch, plans
 from awq_cupy.bench import MODELS, Timer, rotated_weights
 from awq_cupy.jit import arch_of_device
 
@@ -37,7 +37,7 @@ needed = tuple(sorted({variant(*v[:4]) for _, v in runs}))
 kernels.GEMV_SHAPES += tuple({(v[0], v[1]) for _, v in runs} - set(kernels.GEMV_SHAPES))   # plan_gemv accepts them
 kernels.FAMILIES["gemv_tc"] = dataclasses.replace(kernels.GEMV_TC, variants=lambda arch: needed)
 arch = arch_of_device(0)
-sms = ops._sm_count(0)
+sms = launch.sm_count(0)
 timer = Timer()
 rng = np.random.default_rng(0)
 ms = [int(m) for m in os.environ.get("GS_MS", "1,8,16").split(",")]
@@ -52,16 +52,16 @@ for lname, K, N in MODELS["mistral-7b"]:
         for name, (nb, tw, thr, stg, warps) in runs:
             if nb != -(-M // 8):
                 continue
-            p = ops.plan_gemv(M, K, N, 128, arch=arch, sm_count=sms, tiles=tw)
-            W = warps or (thr // 32 if thr else p["warps"])
+            p = plans.plan_gemv(M, K, N, 128, arch=arch, sm_count=sms, tiles=tw)
+            W = warps or (thr // 32 if thr else p.warps)
             k = kernels.kernel("gemv_tc", variant(nb, tw, thr, stg), 0)
             y = cp.empty((M, N), cp.float16)
 
             pw = dict(p, warps=W)   # the fastdiv by the warp count must match the launch
 
             def call(i):
-                k.launch((p["grid"],), (32 * W,), ops.gemv_args(x, wq[i % nq], ops._NULL, y, M, pw),
-                         smem=kernels.gemv_smem_bytes(W, nb, tw), pdl=ops.uses_pdl(arch))
+                k.launch((p.grid,), (32 * W,), launch.gemv_args(x, wq[i % nq], launch.NULL, y, M, pw),
+                         smem=kernels.gemv_smem_bytes(W, nb, tw), pdl=plans.uses_pdl(arch))
 
             call(0)
             if ref is None:

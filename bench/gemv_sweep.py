@@ -10,16 +10,16 @@ import sys
 import cupy as cp
 import numpy as np
 
-from awq_cupy import ops
+from awq_cupy import dtypes, launch, plans
 from awq_cupy.bench import MODELS, Timer, rotated_weights
 from awq_cupy.jit import arch_of_device
 from awq_cupy.kernels import GEMV_KD2_SHAPES, GEMV_SHAPES
 
 ms = [int(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else [1, 8]
 kind = sys.argv[3] if len(sys.argv) > 3 else "float16"
-dt = ops.numpy_dtype(kind)
+dt = dtypes.numpy_dtype(kind)
 arch = arch_of_device(0)
-sms = ops._sm_count(0)
+sms = launch.sm_count(0)
 timer = Timer()
 rng = np.random.default_rng(0)
 sums = {}
@@ -36,16 +36,16 @@ for name, K, N in MODELS[sys.argv[2] if len(sys.argv) > 2 else "mistral-7b"]:
                 continue
             for warps in (16, 12, 8):
                 try:
-                    ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, tiles=tw, warps=warps, kdepth=kd)
+                    plans.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, tiles=tw, warps=warps, kdepth=kd)
                 except ValueError:
                     continue
-                us = timer(lambda i: ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, kind, sms, tiles=tw,
+                us = timer(lambda i: launch.run_gemv(x, wq[i % nq], launch.NULL, y, M, kind, sms, tiles=tw,
                                                       warps=warps, kdepth=kd), max(20, nq), 3)
                 res.append((us, f"{tw}x2" if kd == 2 else tw, warps))
                 best = sums.setdefault((M, "gemv"), {})
                 best[name] = min(best.get(name, us), us)
         if M > 8:
-            us = timer(lambda i: ops._launch_gemm(x, wq[i % nq], ops._NULL, y, M, kind, arch, sms, False),
+            us = timer(lambda i: launch.run_gemm(x, wq[i % nq], launch.NULL, y, M, kind, arch, sms, False),
                        max(20, nq), 3)
             sums.setdefault((M, "gemm"), {})[name] = us
             res.append((us, "gemm", 0))

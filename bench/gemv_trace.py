@@ -9,7 +9,7 @@ points inside the index arithmetic (CTA's blocks, warp's units, load cursor); th
 their loops end (earliest, latest, which warp; and each warp's, in warp order) and the longest epilogue after the
 last loop (medians; which warp, the median of the call's warp indices), and where a warp sums a shared column
 group by itself, when that sum starts and is done (before its stores), also after the last loop. Where matmul runs
-a GEMV compiled for the layer's launch shape (ops.gemv_specializes), that is the kernel traced. TRACE_SOURCE=
+a GEMV compiled for the layer's launch shape (planner.gemv_specializes), that is the kernel traced. TRACE_SOURCE=
 gemv_tc_ab.cu traces that file's kernel instead (prepared as for bench/gemv_ab.py), to compare two versions'
 timelines.
 """
@@ -20,13 +20,15 @@ import sys
 import cupy as cp
 import numpy as np
 
-from awq_cupy import kernels, ops
+from awq_cupy import kernels
+from awq_cupy import launch as launches
+from awq_cupy import plans as planner
 from awq_cupy.bench import MODELS, rotated_weights
 from awq_cupy.jit import arch_of_device, get_kernel
 
 M = int(sys.argv[1]) if len(sys.argv) > 1 else 1
 model = sys.argv[2] if len(sys.argv) > 2 else "mistral-7b"
-plans = [None] + ([tuple(int(v) for v in p.split("/")) for p in sys.argv[3].split(",")] if len(sys.argv) > 3 else [])
+variants = [None] + ([tuple(int(v) for v in p.split("/")) for p in sys.argv[3].split(",")] if len(sys.argv) > 3 else [])
 FAM = dataclasses.replace(kernels.GEMV_TC, name="gemv_trace", defines=(("AWQ_GEMV_TRACE", "1"),),
                           source=os.environ.get("TRACE_SOURCE", kernels.GEMV_TC.source),
                           variants=lambda a: tuple(kernels.gemv_variant("float16", -(-M // 8), tw, True)
@@ -34,7 +36,7 @@ FAM = dataclasses.replace(kernels.GEMV_TC, name="gemv_trace", defines=(("AWQ_GEM
                           + tuple(kernels.gemv_variant("float16", nb, tw, True, 2) for nb, tw in kernels.GEMV_KD2_SHAPES
                                   if nb == -(-M // 8)))
 arch = arch_of_device(0)
-sms = ops._sm_count(0)
+sms = launches.sm_count(0)
 spin = kernels.kernel("bench_util", "awq_spin_kernel")
 rng = np.random.default_rng(0)
 CALLS = 48
@@ -46,23 +48,23 @@ for name, K, N in MODELS[model]:
     nq = len(wq)
     x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
     y = cp.empty((M, N), cp.float16)
-    for plan in plans:
+    for plan in variants:
         for pdl in (True, False):
             tw, wp = plan if plan else (None, None)
-            p = ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, tiles=tw, warps=wp)
-            v = kernels.gemv_variant("float16", p["token_blocks"], p["tiles"], p["aligned"], p["kdepth"])
-            if ops.gemv_specializes(arch, K, N):   # the shape-compiled kernel that matmul runs
-                fam = kernels.gemv_shape_family(v, ops.gemv_shape_args(wq[0], p), p["warps"],
+            p = planner.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, tiles=tw, warps=wp)
+            v = kernels.gemv_variant("float16", p.token_blocks, p.tiles, p.aligned, p.kdepth)
+            if planner.gemv_specializes(arch, K, N):   # the shape-compiled kernel that matmul runs
+                fam = kernels.gemv_shape_family(v, planner.gemv_shape_args(wq[0], p), p.warps,
                                                 (("AWQ_GEMV_TRACE", "1"),),
-                                                tokens=ops.gemv_compiled_tokens(M, K, N))
+                                                tokens=planner.gemv_compiled_tokens(M, K, N))
                 k = get_kernel(dataclasses.replace(fam, source=FAM.source), v)
             else:
                 k = get_kernel(FAM, v)
-            trace = cp.zeros((CALLS, p["grid"], STRIDE), cp.uint64)
+            trace = cp.zeros((CALLS, p.grid, STRIDE), cp.uint64)
 
             def call(i):   # the trace buffer stands in for the bias (AWQ_GEMV_TRACE)
-                k.launch((p["grid"],), (32 * p["warps"],), ops.gemv_args(x, wq[i % nq], trace[i], y, M, p),
-                         smem=p["smem"], pdl=pdl)
+                k.launch((p.grid,), (32 * p.warps,), launches.gemv_args(x, wq[i % nq], trace[i], y, M, p),
+                         smem=p.smem, pdl=pdl)
             call(0)
             cp.cuda.get_current_stream().synchronize()
             spin.launch((1,), (1,), (np.int64(20_000_000),))
@@ -71,7 +73,7 @@ for name, K, N in MODELS[model]:
             cp.cuda.get_current_stream().synchronize()
             t = trace.get().astype(np.int64)
             rows, warps, per_warp = [], [], []
-            W = p["warps"]
+            W = p.warps
             for c in range(8, CALLS):            # skip the first calls (the spin's end, the queue's start)
                 ref = t[c - 1, :, 6].max()
                 last = int(np.argmax(t[c, :, 6]))
@@ -86,7 +88,7 @@ for name, K, N in MODELS[model]:
             wmed = np.median(np.array(warps), axis=0)
             own = ("" if np.isnan(wmed[5]) else
                    f"; a warp's own sum of a shared group: starts {wmed[5]:5.0f}, done {wmed[6]:5.0f}")
-            label = f"{p['tiles']}{'x2' if p['kdepth'] == 2 else ''}/{p['warps']}"
+            label = f"{p.tiles}{'x2' if p.kdepth == 2 else ''}/{p.warps}"
             print(f"{name:8s} M={M:3d} {label:5s} pdl={int(pdl)}  starts {med[0]:6.0f}..{med[1]:6.0f} | last CTA "
                   + " ".join(f"{n} {v:6.0f}" for n, v in zip(POINTS, med[2:])), flush=True)
             print(f"{'':8s}   its warps: loops done {wmed[0]:6.0f}..{wmed[1]:6.0f} (last: warp {wmed[2]:.0f}), "

@@ -16,12 +16,12 @@ import os
 import cupy as cp
 import numpy as np
 
-from awq_cupy import kernels, ops
+from awq_cupy import kernels, launch, plans
 from awq_cupy.bench import MODELS, Timer, rotated_weights
 from awq_cupy.jit import arch_of_device
 
 arch = arch_of_device(0)
-sms = ops._sm_count(0)
+sms = launch.sm_count(0)
 ms = [int(m) for m in os.environ.get("AB_MS", "1,16").split(",")]
 model = os.environ.get("AB_MODEL", "mistral-7b")
 forced = [tuple(map(int, f.split(":"))) for f in os.environ.get("AB_X2", "").split(",") if f]
@@ -34,11 +34,11 @@ for name, K, N in MODELS[model]:
     for M in ms:
         x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
         cands = [("plan", sms, None, None, None)]
-        p2 = ops.plan_gemv(M, K, N, 128, arch=arch, sm_count=2 * sms)
+        p2 = plans.plan_gemv(M, K, N, 128, arch=arch, sm_count=2 * sms)
         for tw, kd in [(None, None)] + forced:
-            p = p2 if tw is None else ops.plan_gemv(M, K, N, 128, arch=arch, sm_count=2 * sms, tiles=tw, kdepth=kd)
-            most = kernels.gemv_max_warps(p["token_blocks"], p["tiles"], arch, p["aligned"], p["kdepth"])
-            cands.append((f"x2 tw{p['tiles']} kd{p['kdepth']} w{most // 2}", 2 * sms, p["tiles"], p["kdepth"],
+            p = p2 if tw is None else plans.plan_gemv(M, K, N, 128, arch=arch, sm_count=2 * sms, tiles=tw, kdepth=kd)
+            most = kernels.gemv_max_warps(p.token_blocks, p.tiles, arch, p.aligned, p.kdepth)
+            cands.append((f"x2 tw{p.tiles} kd{p.kdepth} w{most // 2}", 2 * sms, p.tiles, p.kdepth,
                           most // 2))
         ref = None
         line, times = [], []
@@ -46,7 +46,7 @@ for name, K, N in MODELS[model]:
             y = cp.full((M, N), np.nan, cp.float16)
 
             def call(i, y=y, sm_count=sm_count, tw=tw, kd=kd, w=w):
-                ops._launch_gemv(x, wq[i % nq], ops._NULL, y, M, "float16", sm_count, tiles=tw, warps=w, kdepth=kd)
+                launch.run_gemv(x, wq[i % nq], launch.NULL, y, M, "float16", sm_count, tiles=tw, warps=w, kdepth=kd)
             call(0)
             out = y.astype(cp.float32)
             if ref is None:
@@ -54,11 +54,11 @@ for name, K, N in MODELS[model]:
                 diff = "ref"
             else:
                 diff = f"{float(cp.abs(out - ref).max()) / float(cp.abs(ref).max()):.0e}"
-            p = ops.plan_gemv(M, K, N, 128, arch=arch, sm_count=sm_count, tiles=tw, warps=w, kdepth=kd)
-            k = ops.gemv_kernel(wq[0], p, "float16", arch, M)
-            res = k.resident_blocks(32 * p["warps"], p["smem"])
+            p = plans.plan_gemv(M, K, N, 128, arch=arch, sm_count=sm_count, tiles=tw, warps=w, kdepth=kd)
+            k = launch.gemv_kernel(wq[0], p, "float16", arch, M)
+            res = k.resident_blocks(32 * p.warps, p.smem)
             us = min(timer(call, max(20, nq), 3) for _ in range(2))
-            line.append(f"{label} grid {p['grid']} res {res}: {us:6.2f} ({diff})")
+            line.append(f"{label} grid {p.grid} res {res}: {us:6.2f} ({diff})")
             times.append(us)
         print(f"{name:8s} M={M:2d}  " + " | ".join(line), flush=True)
         for key, v in (("plan", times[0]), ("x2 planned", times[1]), ("x2 best", min(times[1:]))):

@@ -11,7 +11,7 @@ import cupy as cp
 import numpy as np
 
 import awq_cupy
-from awq_cupy import ops
+from awq_cupy import dtypes, launch, plans
 from awq_cupy.bench import MODELS, Timer, rotated_weights
 from awq_cupy.jit import arch_of_device, get_kernel
 from awq_cupy.kernels import gemv_max_warps, gemv_shape_family, gemv_smem_bytes, gemv_variant
@@ -20,9 +20,9 @@ ms = [int(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else [24, 32]
 kind = sys.argv[2] if len(sys.argv) > 2 else "float16"
 model = sys.argv[3] if len(sys.argv) > 3 else "mistral-7b"
 every = len(sys.argv) > 4 and sys.argv[4] == "all"
-dt = ops.numpy_dtype(kind)
+dt = dtypes.numpy_dtype(kind)
 arch = arch_of_device(0)
-sms = ops._sm_count(0)
+sms = launch.sm_count(0)
 timer = Timer()
 rng = np.random.default_rng(0)
 sums = {}
@@ -51,11 +51,11 @@ for name, K, N in MODELS[model]:
             for warps in sorted({mw, 12, 8} - {w for w in (16, 12) if w > mw}, reverse=True):
                 if not every and warps != mw:
                     continue
-                NT16, grid = ops.gemv_grid(N, sms)
+                NT16, grid = plans.gemv_grid(N, sms)
                 plan = dict(token_blocks=nb, tiles=tw, aligned=True, grid=grid, NT16=NT16, warps=warps,
                             smem=gemv_smem_bytes(warps, nb, tw), kdepth=1)
                 v = gemv_variant(kind, nb, tw, True)
-                shape = ops.gemv_shape_args(wq[0], plan)
+                shape = plans.gemv_shape_args(wq[0], plan)
                 fam = gemv_shape_family(v, shape, warps, tokens=M)
                 try:
                     k = get_kernel(fam, v)
@@ -65,8 +65,8 @@ for name, K, N in MODELS[model]:
 
                 def call(i, k=k, plan=plan, shape=shape, warps=warps):
                     w = wq[i % nq]
-                    k.launch((plan["grid"],), (32 * warps,), ops.gemv_args(x, w, ops._NULL, y, M, plan, shape),
-                             smem=plan["smem"], pdl=ops.uses_pdl(arch))
+                    k.launch((plan.grid,), (32 * warps,), launch.gemv_args(x, w, launch.NULL, y, M, plan, shape),
+                             smem=plan.smem, pdl=plans.uses_pdl(arch))
 
                 y.fill(np.nan)
                 call(0)

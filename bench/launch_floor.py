@@ -14,13 +14,13 @@ import cupy as cp
 import numpy as np
 
 import awq_cupy
-from awq_cupy import ops
+from awq_cupy import launch
 from awq_cupy.bench import MODELS, Timer, rotated_weights
 from awq_cupy.kernels import kernel
 
 model = sys.argv[1] if len(sys.argv) > 1 else "mistral-7b"
 M = int(sys.argv[2]) if len(sys.argv) > 2 else 1
-sms = ops._sm_count(0)
+sms = launch.sm_count(0)
 timer = Timer()
 sink = cp.zeros(4 * sms, cp.uint32)
 TRIALS = 5

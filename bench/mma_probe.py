@@ -6,14 +6,14 @@ and independent accumulators per warp (kernels_cu/bench_util.cu awq_mma_probe_ke
 import cupy as cp
 import numpy as np
 
-from awq_cupy import ops
+from awq_cupy import launch
 from awq_cupy.kernels import kernel
 
 
 def rate(k, warps: int, iters: int, flops_per_cta: float) -> tuple[float, float]:
     """(TFLOP/s, us per launch) of a register-only probe kernel ``k(sink, iters)`` on one CTA of ``warps`` warps per
     SM: one warm-up launch, then the mean of 5."""
-    sms = ops._sm_count(0)
+    sms = launch.sm_count(0)
     sink = cp.empty(sms * 32 * warps, dtype=cp.float32)
     args = (sink, np.int32(iters))
     k.launch((sms,), (32 * warps,), args)

@@ -34,10 +34,10 @@ for _ in range(calls):
         y = awq_cupy.matmul(x, w)
     elif path[0] in "gs":
         y = cp.empty((M, N), dtype=x.dtype)
-        awq_cupy.ops._launch_gemm(x, w, awq_cupy.ops._NULL, y, M, "float16", arch_of_device(0),
-                                  awq_cupy.ops._sm_count(0), False, tiles=tiles, wgmma=path[0] == "g")
+        awq_cupy.launch.run_gemm(x, w, awq_cupy.launch.NULL, y, M, "float16", arch_of_device(0),
+                                  awq_cupy.launch.sm_count(0), False, tiles=tiles, wgmma=path[0] == "g")
     else:
         y = cp.empty((M, N), dtype=x.dtype)
-        awq_cupy.ops._launch_gemv(x, w, awq_cupy.ops._NULL, y, M, "float16", awq_cupy.ops._sm_count(0), tiles=tiles)
+        awq_cupy.launch.run_gemv(x, w, awq_cupy.launch.NULL, y, M, "float16", awq_cupy.launch.sm_count(0), tiles=tiles)
 cp.cuda.Device().synchronize()
 print("done", y.shape)

@@ -1,7 +1,9 @@
 """The gemm_wb prototype's launch (kernels_cu/gemm_wb.cu), shared by bench/wb_probe.py and bench/wb_case.py."""
 import cupy as cp
 
-from awq_cupy import kernels, ops
+from awq_cupy import kernels
+from awq_cupy import launch as launches
+from awq_cupy import plans as planner
 from awq_cupy.jit import as_i32
 
 STAGE = 256 * 128 + 64 * 144   # shared memory per stage: the decoded weights and the x image
@@ -31,13 +33,13 @@ def launch(k, S: int, CW: int, x, w, y, M: int, splits: int, *, pdl: bool = True
     NT16, KS = Np // 16, w.KS
     per = -(-KS // splits)
     splits = -(-KS // per)
-    ws = ops._workspace(splits * M * Np, w.device) if splits > 1 else ops._NULL
+    ws = launches.workspace(splits * M * Np, w.device) if splits > 1 else launches.NULL
     k.launch((-(-NT16 // 16), splits), (32 * (CW + 8),),
-             (x, w.qtiles, w.scales, w.zeros, ops._NULL, y, ws, as_i32(M), as_i32(w.N), as_i32(w.K), as_i32(NT16),
+             (x, w.qtiles, w.scales, w.zeros, launches.NULL, y, ws, as_i32(M), as_i32(w.N), as_i32(w.K), as_i32(NT16),
               as_i32(KS), as_i32(w.group_size), as_i32(w.NG), as_i32(Np), as_i32(per)),
              smem=S * STAGE + 1024, pdl=pdl)
     if splits > 1 and reduce:
-        cols = ops.reduce_columns(M, w.N, ops._sm_count(w.device))
+        cols = planner.reduce_columns(M, w.N, launches.sm_count(w.device))
         rk = kernels.kernel("gemm_tc", kernels.reduce_variant("float16", cols))
         rk.launch((min(-(-(M * w.N // cols) // 256), 4096),), (256,),
-                  (ws, ops._NULL, y, as_i32(M), as_i32(w.N), as_i32(Np), as_i32(splits)), pdl=pdl)
+                  (ws, launches.NULL, y, as_i32(M), as_i32(w.N), as_i32(Np), as_i32(splits)), pdl=pdl)

@@ -10,10 +10,10 @@ import sys
 import cupy as cp
 import numpy as np
 
-from awq_cupy import ops
+from awq_cupy import launch
 from awq_cupy.kernels import kernel
 
-sms = ops._sm_count(0)
+sms = launch.sm_count(0)
 iters = 4096
 
 

@@ -29,3 +29,13 @@ def rng(request):
     """A fresh, reproducible generator per test (seeded from the test's name)."""
     seed = zlib.crc32(request.node.nodeid.encode())
     return np.random.default_rng(seed)
+
+
+@pytest.fixture(autouse=True)
+def _settings_follow_the_environment():
+    """Tests that set AWQ_CUPY_* variables call ``settings.reload()`` themselves; after each test (and monkeypatch's
+    undo of its variables) the settings are read again, so that no test sees another's."""
+    from awq_cupy import settings
+
+    yield
+    settings.reload()

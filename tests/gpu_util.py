@@ -37,9 +37,10 @@ def kernel_weight(Q, Z, S, G, kind, rounded=True):
 
 
 def matmul_weight(Q, Z, S, G, kind, M, batch_invariant=False):
-    """The weight matmul multiplies by at this M on this GPU (see awq_cupy.ops.rounds_weights)."""
+    """The weight matmul multiplies by at this M on this GPU (see awq_cupy.plans.rounds_weights)."""
     from awq_cupy.jit import arch_of_device
-    from awq_cupy.ops import _sm_count, rounds_weights
+    from awq_cupy.plans import rounds_weights
+    from awq_cupy.launch import sm_count as _sm_count
 
     K, N = Q.shape
     rounded = rounds_weights(M, batch_invariant, arch_of_device(0).key, K=K, N=N, group_size=G, dtype=kind,

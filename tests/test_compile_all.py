@@ -178,13 +178,13 @@ def test_gemv_trace_build_compiles(tmp_path, monkeypatch):
 
 
 def test_gemv_compiled_for_model_shapes_does_not_spill(tmp_path, monkeypatch):
-    """The GEMVs matmul compiles for a launch shape on sm_90 (ops.gemv_specializes) stay unspilled and within the
+    """The GEMVs matmul compiles for a launch shape on sm_90 (plans.gemv_specializes) stay unspilled and within the
     generic variant's registers, for the benchmark's layers (Mistral-7B, Llama-2-70B) at 1 and 16 tokens (compiled
-    for the token count too where ops.gemv_compiled_tokens says so), fp16 and bf16; and their trace builds
+    for the token count too where plans.gemv_compiled_tokens says so), fp16 and bf16; and their trace builds
     (bench/gemv_trace.py) compile too."""
     import types
 
-    from awq_cupy import ops
+    from awq_cupy import plans
     from awq_cupy.bench import MODELS
     from awq_cupy.layout import padded_sizes
 
@@ -197,18 +197,18 @@ def test_gemv_compiled_for_model_shapes_does_not_spill(tmp_path, monkeypatch):
             Kp, Np = padded_sizes(K, N)
             for dtype in ("float16", "bfloat16"):
                 for M in (1, 16):
-                    p = ops.plan_gemv(M, K, N, 128, arch=arch, dtype=dtype)
-                    v = kernels.gemv_variant(dtype, p["token_blocks"], p["tiles"], p["aligned"], p["kdepth"])
+                    p = plans.plan_gemv(M, K, N, 128, arch=arch, dtype=dtype)
+                    v = kernels.gemv_variant(dtype, p.token_blocks, p.tiles, p.aligned, p.kdepth)
                     w = types.SimpleNamespace(N=N, K=K, KS=Kp // 64, group_size=128, NG=K // 128, NT=Np // 64)
                     extra = (("AWQ_GEMV_TRACE", "1"),) if (model, name, M) == ("mistral-7b", "o", 1) else ()
-                    fam = kernels.gemv_shape_family(v, ops.gemv_shape_args(w, p), p["warps"], extra,
-                                                    tokens=ops.gemv_compiled_tokens(M, K, N))
+                    fam = kernels.gemv_shape_family(v, plans.gemv_shape_args(w, p), p.warps, extra,
+                                                    tokens=plans.gemv_compiled_tokens(M, K, N))
                     r = jit.compile_family(fam, arch).resources[v]
                     if v not in generic:
                         generic[v] = jit.compile_family(kernels.GEMV_TC, arch).resources[v]
                     what = f"{model} {name} M={M} {dtype} {v}: {r} (generic {generic[v]})"
                     assert r.spill_stores == 0 and r.spill_loads == 0, what
-                    assert r.registers <= max(generic[v].registers, 65536 // (32 * p["warps"])), what
+                    assert r.registers <= max(generic[v].registers, 65536 // (32 * p.warps)), what
 
 
 def test_sass_loop_finds_the_tensor_core_loop():

@@ -4,12 +4,13 @@ import math
 import pytest
 
 from awq_cupy import dispatch, jit, kernels
-from awq_cupy.ops import (fastdiv, gemm_shape_for, gemv_args, gemv_dividers, plan_gemm, plan_gemv, plan_splits,
-                          rounds_weights, uses_cublas)
+from awq_cupy import settings
+from awq_cupy.plans import fastdiv, gemm_shape_for, gemv_dividers, plan_gemm, plan_gemv, plan_splits, rounds_weights, uses_cublas
+from awq_cupy.launch import gemv_args
 
 
 def _fd(n, d):
-    """floor(n / d) the way the GEMV computes it (common.cuh fastdiv with ops.fastdiv's parameter)."""
+    """floor(n / d) the way the GEMV computes it (common.cuh fastdiv with plans.fastdiv's parameter)."""
     f = int(fastdiv(d))
     return (n * (f & 0xFFFFFFFF)) >> (f >> 32)
 
@@ -103,12 +104,12 @@ def test_fastdiv_is_exact_below_2_31():
 
 def test_gemv_dividers_check_the_index_range():
     p = plan_gemv(1, 4096, 4096, 128)
-    got = gemv_dividers(p["grid"], p["NT16"], p["warps"], 64, 128)
-    assert [int(v) for v in got] == [int(fastdiv(d)) for d in (p["grid"], p["warps"], 64, 128)]
+    got = gemv_dividers(p.grid, p.NT16, p.warps, 64, 128)
+    assert [int(v) for v in got] == [int(fastdiv(d)) for d in (p.grid, p.warps, 64, 128)]
     with pytest.raises(ValueError, match="32-bit index"):
-        gemv_dividers(p["grid"], 2**31 // p["grid"], p["warps"], 64, 128)
+        gemv_dividers(p.grid, 2**31 // p.grid, p.warps, 64, 128)
     with pytest.raises(ValueError, match="32-bit index"):
-        gemv_dividers(p["grid"], p["NT16"], p["warps"], 2**25, 128)
+        gemv_dividers(p.grid, p.NT16, p.warps, 2**25, 128)
 
 
 @pytest.mark.parametrize("NT16,KS", [(448, 64), (64, 64), (96, 64), (256, 224), (4, 1), (16, 64), (12, 3),
@@ -138,10 +139,10 @@ def test_gemv_plan_fits_the_arch(M, arch):
             if nb != -(-M // 8):
                 continue
             p = plan_gemv(M, K, N, G, arch=a, tiles=tiles)
-            assert p["smem"] <= a.smem_optin
-            assert 1 <= p["warps"] <= kernels.gemv_max_warps(nb, tiles, a, p["aligned"])
-            assert p["grid"] <= 132 and p["grid"] <= p["NT16"] and p["NT16"] * 16 >= N
-            assert p["aligned"] == (G % 64 == 0 or K // G == 1)
+            assert p.smem <= a.smem_optin
+            assert 1 <= p.warps <= kernels.gemv_max_warps(nb, tiles, a, p.aligned)
+            assert p.grid <= 132 and p.grid <= p.NT16 and p.NT16 * 16 >= N
+            assert p.aligned == (G % 64 == 0 or K // G == 1)
 
 
 def test_gemv_two_k_blocks_per_unit_where_the_h200_measured_them_faster():
@@ -157,32 +158,32 @@ def test_gemv_two_k_blocks_per_unit_where_the_h200_measured_them_faster():
            ("llama-2-70b", 1): set(), ("llama-2-70b", 16): set()}
     for (model, M), want in kd2.items():
         for m in (M, 8) if M == 1 else (M, 9):
-            got = {name for name, K, N in MODELS[model] if plan_gemv(m, K, N, 128)["kdepth"] == 2}
+            got = {name for name, K, N in MODELS[model] if plan_gemv(m, K, N, 128).kdepth == 2}
             assert got == want, (model, m, got)
-    bf16 = {m: {n for n, K, N in MODELS["mistral-7b"] if plan_gemv(m, K, N, 128, dtype="bfloat16")["kdepth"] == 2}
+    bf16 = {m: {n for n, K, N in MODELS["mistral-7b"] if plan_gemv(m, K, N, 128, dtype="bfloat16").kdepth == 2}
             for m in (1, 8, 9, 16)}
     assert bf16 == {1: {"o", "gate_up", "down"}, 8: {"o", "gate_up", "down"}, 9: set(), 16: set()}
-    assert {n for n, K, N in MODELS["llama-2-70b"] if plan_gemv(1, K, N, 128, dtype="bfloat16")["kdepth"] == 2} == set()
+    assert {n for n, K, N in MODELS["llama-2-70b"] if plan_gemv(1, K, N, 128, dtype="bfloat16").kdepth == 2} == set()
     for m in (9, 16):   # the scaled pairs at 16 warps instead
         for dt in ("float16", "bfloat16"):
             p = plan_gemv(m, 14336, 4096, 128, dtype=dt)
-            assert (p["tiles"], p["kdepth"], p["warps"]) == (2, 1, 16), (m, dt, p)
+            assert (p.tiles, p.kdepth, p.warps) == (2, 1, 16), (m, dt, p)
     for name, K, N in MODELS["mistral-7b"]:
         p = plan_gemv(1, K, N, 128)
-        assert p["tiles"] == (3 if name in ("qkv", "gate_up") else 2), name
-        assert plan_gemv(1, K, N, 32)["kdepth"] == 1           # two groups per 64-k block
-        assert plan_gemv(1, K, N, 128, tiles=2)["kdepth"] == 1  # explicit tiles: the plain variant
-    assert plan_gemv(1, 64, 64, 64)["tiles"] == 1               # one block per CTA
+        assert p.tiles == (3 if name in ("qkv", "gate_up") else 2), name
+        assert plan_gemv(1, K, N, 32).kdepth == 1           # two groups per 64-k block
+        assert plan_gemv(1, K, N, 128, tiles=2).kdepth == 1  # explicit tiles: the plain variant
+    assert plan_gemv(1, 64, 64, 64).tiles == 1               # one block per CTA
     with pytest.raises(ValueError, match="kdepth"):
         plan_gemv(1, 4096, 4096, 128, tiles=3, kdepth=2)
     with pytest.raises(ValueError, match="kdepth"):
         plan_gemv(1, 4096, 4096, 32, tiles=2, kdepth=2)
     with pytest.raises(ValueError, match="kdepth"):
         plan_gemv(1, 4096, 4096, 128, tiles=2, kdepth=3)
-    assert plan_gemv(1, 4096, 4096, 4096, tiles=2, kdepth=2)["kdepth"] == 2   # one group of K
-    assert plan_gemv(16, 4096, 4096, 128, tiles=2, kdepth=2)["warps"] == 8
-    assert plan_gemv(1, 4096, 28672, 128, kdepth=2)["tiles"] == 2     # kdepth 2 alone: pairs
-    assert plan_gemv(1, 4096, 28672, 128, kdepth=1)["tiles"] == 3     # kdepth 1 alone: the slot rule's tiles
+    assert plan_gemv(1, 4096, 4096, 4096, tiles=2, kdepth=2).kdepth == 2   # one group of K
+    assert plan_gemv(16, 4096, 4096, 128, tiles=2, kdepth=2).warps == 8
+    assert plan_gemv(1, 4096, 28672, 128, kdepth=2).tiles == 2     # kdepth 2 alone: pairs
+    assert plan_gemv(1, 4096, 28672, 128, kdepth=1).tiles == 3     # kdepth 1 alone: the slot rule's tiles
 
 
 def test_gemv_scaled_pairs_and_their_warps():
@@ -195,7 +196,7 @@ def test_gemv_scaled_pairs_and_their_warps():
     assert kernels.gemv_max_warps(2, 2, ARCHS["90"]) == 16 and kernels.gemv_max_warps(2, 2, ARCHS["90"], False) == 16
     assert kernels.gemv_max_warps(2, 2, ARCHS["89"]) == 12 and kernels.gemv_max_warps(2, 2, ARCHS["75"]) == 8
     assert kernels.gemv_max_warps(2, 2, ARCHS["90"], kdepth=2) == 8
-    assert plan_gemv(16, 4096, 4096, 32)["warps"] == 16    # also with two scale groups per 64-k block
+    assert plan_gemv(16, 4096, 4096, 32).warps == 16    # also with two scale groups per 64-k block
 
 
 def test_gemv_one_partial_slot_per_warp_where_the_kernel_keeps_one():
@@ -209,8 +210,8 @@ def test_gemv_one_partial_slot_per_warp_where_the_kernel_keeps_one():
     assert re.search(r"struct OneSlot \{\s*static constexpr bool value = NB == 2 && TW >= 3;", src)
     for M, K, N in [(16, 4096, 28672), (16, 14336, 4096), (1, 4096, 28672), (12, 8192, 57344)]:
         p = plan_gemv(M, K, N, 128)
-        slots = 1 if kernels.gemv_one_slot(p["token_blocks"], p["tiles"]) else 2
-        assert p["smem"] == slots * p["warps"] * 32 * p["tiles"] * p["token_blocks"] * 16, (M, K, N, p)
+        slots = 1 if kernels.gemv_one_slot(p.token_blocks, p.tiles) else 2
+        assert p.smem == slots * p.warps * 32 * p.tiles * p.token_blocks * 16, (M, K, N, p)
 
 
 def _wide_sweep():
@@ -231,7 +232,7 @@ def test_gemv_wide_rule_and_tiles_match_the_h200_sweep():
     24, 32 fp16 and bf16) to the path that measured faster: the GEMV's planned variant against matmul's GEMM.
     Where it takes the GEMV, the slot times pick the fastest variant measured but on three rows, at most 0.26 us
     behind."""
-    from awq_cupy.ops import gemv_wide_takes
+    from awq_cupy.plans import gemv_wide_takes
 
     rows = _wide_sweep()
     assert len(rows) == 56 and {k[:2] for k in rows} == {(m, d) for m in ("mistral-7b", "llama-2-70b")
@@ -239,8 +240,8 @@ def test_gemv_wide_rule_and_tiles_match_the_h200_sweep():
     behind = []
     for (model, dt, layer, K, N, M), t in rows.items():
         p = plan_gemv(M, K, N, 128, dtype=dt)
-        assert p["warps"] == kernels.gemv_max_warps(p["token_blocks"], p["tiles"], jit.ARCHS["90"])
-        gemv = t[f"gemv:{p['token_blocks']}:{p['tiles']}:{p['warps']}"]
+        assert p.warps == kernels.gemv_max_warps(p.token_blocks, p.tiles, jit.ARCHS["90"])
+        gemv = t[f"gemv:{p.token_blocks}:{p.tiles}:{p.warps}"]
         takes = gemv_wide_takes(M, K, N, 128, jit.ARCHS["90"], dtype=dt)
         assert takes == (gemv < t["gemm"]), (model, dt, layer, M, gemv, t["gemm"])
         if takes:
@@ -254,7 +255,7 @@ def test_gemv_wide_rule_limits(tmp_path, monkeypatch):
     """The GEMV beyond 16 rows only on sm_90, for groups of whole 64-k blocks, on layers with more 16-column blocks
     than CTAs, up to the dispatch row's gemv_wide_max_m, and never inside a batch-invariant matmul (rounds_weights
     above)."""
-    from awq_cupy.ops import gemv_wide_takes
+    from awq_cupy.plans import gemv_wide_takes
 
     a = jit.ARCHS["90"]
     assert gemv_wide_takes(17, 4096, 4096, 128, a) and gemv_wide_takes(32, 4096, 4096, 128, a)
@@ -265,6 +266,7 @@ def test_gemv_wide_rule_limits(tmp_path, monkeypatch):
     assert not gemv_wide_takes(24, 4096, 4096, 128, a, sm_count=300)   # 256 blocks: one per CTA
     path = tmp_path / "dispatch.json"
     monkeypatch.setenv("AWQ_CUPY_DISPATCH", str(path))
+    settings.reload()
     dispatch.write_table(path, {"90": dispatch.Dispatch(gemv_max_m=16, cublas_min_m=768, wgmma_min_m=17,
                                                          gemv_wide_max_m=24)}, {})
     assert gemv_wide_takes(24, 4096, 4096, 128, a) and not gemv_wide_takes(25, 4096, 4096, 128, a)
@@ -286,7 +288,7 @@ def test_gemv_plan_rejects_bad_m():
         plan_gemv(17, 4096, 4096, 128, arch=jit.ARCHS["89"])
     with pytest.raises(ValueError, match="groups of whole 64-k blocks"):
         plan_gemv(32, 4096, 4096, 32)
-    assert plan_gemv(17, 64, 64, 64)["tiles"] == 2      # one block per CTA: the pairs (no (3, 1) variant)
+    assert plan_gemv(17, 64, 64, 64).tiles == 2      # one block per CTA: the pairs (no (3, 1) variant)
     with pytest.raises(ValueError, match="tiles=1 is not a GEMV variant"):
         plan_gemv(17, 64, 64, 64, tiles=1)
     with pytest.raises(ValueError, match="tiles=4 is not a GEMV variant"):
@@ -299,14 +301,14 @@ def test_gemv_plan_rejects_bad_m():
         plan_gemv(1, 64, 64, 64, tiles=4, warps=16)
     with pytest.raises(ValueError, match="warps"):
         plan_gemv(9, 64, 64, 64, tiles=4, warps=12)   # two token blocks x four blocks: 8 warps
-    assert plan_gemv(1, 4096, 4096, 128, tiles=3)["warps"] == 16
-    assert plan_gemv(1, 4096, 4096, 32, tiles=3)["warps"] == 12   # two scale groups per unit: 12 warps
+    assert plan_gemv(1, 4096, 4096, 128, tiles=3).warps == 16
+    assert plan_gemv(1, 4096, 4096, 32, tiles=3).warps == 12   # two scale groups per unit: 12 warps
     with pytest.raises(ValueError, match="warps"):
         plan_gemv(1, 4096, 4096, 32, tiles=3, warps=16)
 
 
 def test_gemv_tiles_choice():
-    from awq_cupy.ops import gemv_tiles_for
+    from awq_cupy.plans import gemv_tiles_for
 
     # the fastest variant measured per layer on the H200 (bench/gemv_sweep.py, bench/NOTES.md v29): (NT16, tiles)
     # for Mistral-7B o/down (2 blocks per CTA), qkv (3), gate_up (14), Llama-2-70B o/down (4), qkv (5), gate_up (28)
@@ -321,8 +323,8 @@ def test_gemv_tiles_choice():
         assert gemv_tiles_for(16, NT16, 132, "bfloat16") == tiles, NT16
     assert gemv_tiles_for(1, 384, 132, "bfloat16") == 3
     assert gemv_tiles_for(1, 1792, 132, "bfloat16") == 3
-    assert plan_gemv(16, 4096, 6144, 128, dtype="bfloat16")["tiles"] == 3
-    assert plan_gemv(16, 4096, 6144, 128)["tiles"] == 3
+    assert plan_gemv(16, 4096, 6144, 128, dtype="bfloat16").tiles == 3
+    assert plan_gemv(16, 4096, 6144, 128).tiles == 3
     assert gemv_tiles_for(1, 4, 4) == 1          # one block per CTA
     assert gemv_tiles_for(16, 132, 132) == 1
     assert gemv_tiles_for(16, 132 * 12, 132) == 4
@@ -364,7 +366,7 @@ _H200_SWEEP = {
 def test_gemv_slot_fit_reproduces_the_h200_choices():
     """tune's fit on the H200 sweep gives the built-in slot times; with the two-k-block pairs' slot times they
     never lose more than 0.1 us against each layer's fastest variant."""
-    from awq_cupy.ops import gemv_kdepth_for, gemv_tiles_for
+    from awq_cupy.plans import gemv_kdepth_for, gemv_tiles_for
     from awq_cupy.tune import fit_gemv_kd2, fit_gemv_slot
 
     for (dt, nb), layers in _H200_SWEEP.items():
@@ -387,7 +389,7 @@ def test_gemv_slot_fit_reproduces_the_h200_choices():
 
 def test_gemv_slot_from_benchmark_rows():
     from awq_cupy.bench import Row
-    from awq_cupy.ops import gemv_kdepth_for, gemv_tiles_for
+    from awq_cupy.plans import gemv_kdepth_for, gemv_tiles_for
     from awq_cupy.tune import gemv_kd2_from_rows, gemv_slot_from_rows
 
     rows = []
@@ -420,17 +422,18 @@ def test_gemv_slot_in_the_dispatch_table(tmp_path, monkeypatch):
     with the field named."""
     path = tmp_path / "dispatch.json"
     monkeypatch.setenv("AWQ_CUPY_DISPATCH", str(path))
+    settings.reload()
     dispatch.reload()
-    assert plan_gemv(1, 4096, 6144, 128)["tiles"] == 3                      # built-in (H200) slot times
+    assert plan_gemv(1, 4096, 6144, 128).tiles == 3                      # built-in (H200) slot times
     pairs = {"float16": {1: {2: 1.0, 3: 2.0, 4: 2.0}}}
     dispatch.write_table(path, {"90": dispatch.Dispatch(gemv_max_m=16, cublas_min_m=768, gemv_slot=pairs)}, {})
     row = dispatch.for_arch("90")
     assert row.gemv_slot == pairs and row.gemv_slot_for("float16", 1) == {2: 1.0, 3: 2.0, 4: 2.0}
     assert row.gemv_slot_for("float16", 2) == dispatch.H200_GEMV_SLOT["float16"][2]   # not measured: the H200's
     assert row.gemv_slot_for("bfloat16", 1) == dispatch.H200_GEMV_SLOT["bfloat16"][1]
-    assert plan_gemv(1, 4096, 6144, 128)["tiles"] == 2
-    assert plan_gemv(16, 4096, 6144, 128)["tiles"] == 3
-    assert plan_gemv(1, 4096, 6144, 128, dtype="bfloat16")["tiles"] == 3
+    assert plan_gemv(1, 4096, 6144, 128).tiles == 2
+    assert plan_gemv(16, 4096, 6144, 128).tiles == 3
+    assert plan_gemv(1, 4096, 6144, 128, dtype="bfloat16").tiles == 3
     assert hash(row) == hash(dispatch.Dispatch(gemv_max_m=16, cublas_min_m=768))
     _assert_rejected(path, "gemv_slot", (
         ({"float32": {1: {2: 1.0}}}, "float32"), ({"float16": {5: {2: 1.0}}}, "token blocks"),
@@ -459,19 +462,20 @@ def test_gemv_kd2_slot_in_the_dispatch_table(tmp_path, monkeypatch):
     without one takes the H200's; bad values fail with the field named."""
     path = tmp_path / "dispatch.json"
     monkeypatch.setenv("AWQ_CUPY_DISPATCH", str(path))
+    settings.reload()
     dispatch.reload()
-    assert plan_gemv(1, 4096, 4096, 128)["kdepth"] == 2                      # built-in (H200): o on KD 2 pairs
+    assert plan_gemv(1, 4096, 4096, 128).kdepth == 2                      # built-in (H200): o on KD 2 pairs
     builtin16 = plan_gemv(16, 4096, 4096, 128)                               # (the scaled plain pairs, v36)
     never = {"float16": {1: 1.5}}
     dispatch.write_table(path, {"90": dispatch.Dispatch(gemv_max_m=16, cublas_min_m=768, gemv_kd2_slot=never)}, {})
     row = dispatch.for_arch("90")
     assert row.gemv_kd2_slot == never and row.gemv_kd2_for("float16", 1) == 1.5
     assert row.gemv_kd2_for("float16", 2) == dispatch.H200_GEMV_KD2_SLOT["float16"][2]   # not measured: the H200's
-    assert plan_gemv(1, 4096, 4096, 128)["kdepth"] == 1 and plan_gemv(1, 4096, 4096, 128)["tiles"] == 2
+    assert plan_gemv(1, 4096, 4096, 128).kdepth == 1 and plan_gemv(1, 4096, 4096, 128).tiles == 2
     assert plan_gemv(16, 4096, 4096, 128) == builtin16
     dispatch.write_table(path, {"90": dispatch.Dispatch(gemv_max_m=16, cublas_min_m=768,
                                                          gemv_kd2_slot={"float16": {2: 1.0}})}, {})
-    assert plan_gemv(16, 4096, 4096, 128)["kdepth"] == 2                    # a row that measured them faster
+    assert plan_gemv(16, 4096, 4096, 128).kdepth == 2                    # a row that measured them faster
     assert dispatch.TABLE["default"].gemv_kd2_for("float32", 1) is None
     _assert_rejected(path, "gemv_kd2_slot", (
         ({"float32": {1: 1.0}}, "float32"), ({"float16": {3: 1.0}}, "token blocks"), ({"float16": {1: 0}}, "positive"),
@@ -530,6 +534,7 @@ def test_tune_with_a_cost_model_starts_cublas_where_some_layer_wins():
 def test_tuned_table_round_trip_and_precedence(tmp_path, monkeypatch):
     path = tmp_path / "dispatch.json"
     monkeypatch.setenv("AWQ_CUPY_DISPATCH", str(path))
+    settings.reload()
     dispatch.reload()
     assert dispatch.for_arch("90") == dispatch.TABLE["90"]          # no file yet: built-in
     dispatch.write_table(path, {"90": dispatch.Dispatch(gemv_max_m=4, cublas_min_m=128)}, {"90": {"x": 1}})
@@ -539,8 +544,10 @@ def test_tuned_table_round_trip_and_precedence(tmp_path, monkeypatch):
     dispatch.write_table(path, {"80": dispatch.Dispatch(gemv_max_m=8, cublas_min_m=512)}, {})
     assert dispatch.for_arch("90") == dispatch.Dispatch(4, 128) and dispatch.for_arch("80").cublas_min_m == 512
     monkeypatch.setenv("AWQ_CUPY_DISPATCH", "builtin")
+    settings.reload()
     assert dispatch.for_arch("90") == dispatch.TABLE["90"]
     monkeypatch.setenv("AWQ_CUPY_DISPATCH", str(path))
+    settings.reload()
     path.write_text('{"table": {"90": {"gemv_max_m": 64, "cublas_min_m": 128}}}')
     dispatch.reload()                                               # edited behind write_table's back
     with pytest.raises(ValueError, match="gemv_max_m=64"):
@@ -595,7 +602,7 @@ def test_gemm_splits_avoid_a_partial_last_wave():
 
 
 def test_gemm_splits_count_co_resident_ctas_as_sharing_an_sm():
-    from awq_cupy.ops import _unit_us
+    from awq_cupy.plans import _unit_us
 
     # Mistral-7B o at M = 128 on the wgmma (16, 1, 4) shape, two CTAs per SM of 132: 5 splits put two CTAs on 28
     # SMs (measured 23.3 us) where 4 splits run one per SM (20.4 us); as 264 independent slots 5 looked better
@@ -611,8 +618,8 @@ def test_gemm_plan_with_two_k_streams():
     """ksplit = 2 halves the channels per CTA (twice the column tiles) and exists for the wgmma GEMM only."""
     one = plan_gemm(256, 4096, 6144, 128, wgmma=True, resident=132, ksplit=1)
     two = plan_gemm(256, 4096, 6144, 128, wgmma=True, resident=132, ksplit=2)
-    assert two["grid"][0] == 2 * one["grid"][0] and two["ksplit"] == 2 and one["ksplit"] == 1
-    assert plan_gemm(256, 4096, 6144, 128, wgmma=True, resident=132, ksplit=2, splits=1)["splits"] == 1
+    assert two.grid[0] == 2 * one.grid[0] and two.ksplit == 2 and one.ksplit == 1
+    assert plan_gemm(256, 4096, 6144, 128, wgmma=True, resident=132, ksplit=2, splits=1).splits == 1
     with pytest.raises(ValueError, match="ksplit=3"):
         plan_gemm(256, 4096, 6144, 128, wgmma=True, ksplit=3)
     with pytest.raises(ValueError, match="ksplit=2"):
@@ -638,22 +645,22 @@ def test_two_k_streams_replace_a_two_way_split_on_large_token_tiles():
         K, N = layers[layer]
         one = plan_gemm(M, K, N, 128, wgmma=True, resident=132, ksplit=1)
         auto = plan_gemm(M, K, N, 128, wgmma=True, resident=132)
-        assert one["splits"] == one_splits, (layer, M, one)
-        assert auto["ksplit"] == (2 if two else 1), (layer, M, auto)
+        assert one.splits == one_splits, (layer, M, one)
+        assert auto.ksplit == (2 if two else 1), (layer, M, auto)
         if two:   # the same CTAs, K not split
-            assert auto["splits"] == 1 and math.prod(auto["grid"]) == math.prod(one["grid"]), (layer, M, auto)
+            assert auto.splits == 1 and math.prod(auto.grid) == math.prod(one.grid), (layer, M, auto)
         else:
             assert auto == one
     # never for the mma.sync kernel, batch-invariant calls or forced split counts
-    assert plan_gemm(256, 4096, 6144, 128, wgmma=False, resident=132)["ksplit"] == 1
-    assert plan_gemm(256, 4096, 6144, 128, wgmma=True, resident=132, batch_invariant=True)["ksplit"] == 1
-    assert plan_gemm(256, 4096, 6144, 128, wgmma=True, resident=132, splits=2)["ksplit"] == 1
+    assert plan_gemm(256, 4096, 6144, 128, wgmma=False, resident=132).ksplit == 1
+    assert plan_gemm(256, 4096, 6144, 128, wgmma=True, resident=132, batch_invariant=True).ksplit == 1
+    assert plan_gemm(256, 4096, 6144, 128, wgmma=True, resident=132, splits=2).ksplit == 1
 
 
 def test_reduce_columns_keep_enough_blocks_per_sm():
     """8 columns per thread while that leaves four 256-thread blocks per SM, 4 while it leaves two, else 2; always a
     divisor of N (N % 8 == 0 for every AWQ layout)."""
-    from awq_cupy.ops import reduce_columns
+    from awq_cupy.plans import reduce_columns
 
     assert reduce_columns(256, 6144, 132) == 8      # qkv at M = 256: 196608 items of 8, 5.8 blocks per SM
     assert reduce_columns(256, 4096, 132) == 4      # o / down at M = 256: 3.9 blocks per SM with 8, 7.8 with 4
@@ -689,18 +696,18 @@ _H200_SPLITS_V22 = {
 
 
 def _h200_wgmma_splits(M, K, N):
-    """The split count ops._launch_gemm plans for the wgmma GEMM on the H200 (132 SMs): the (n, 1, 6) shapes and
+    """The split count launch.run_gemm plans for the wgmma GEMM on the H200 (132 SMs): the (n, 1, 6) shapes and
     the 128-token tile's PEND = 2 variant fit two CTAs per SM, the other shapes one (their registers)."""
     import math
 
     from awq_cupy.kernels import GEMM_WG_PEND_TWO_PER_SM
-    from awq_cupy.ops import gemm_shape_for
+    from awq_cupy.plans import gemm_shape_for
 
     shape = gemm_shape_for(M, wgmma=True)
     p = plan_gemm(M, K, N, 128, wgmma=True, resident=264 if shape[2] == 6 else 132, ksplit=1)
-    if shape in GEMM_WG_PEND_TWO_PER_SM and math.prod(p["grid"]) > 132:
+    if shape in GEMM_WG_PEND_TWO_PER_SM and math.prod(p.grid) > 132:
         p = plan_gemm(M, K, N, 128, wgmma=True, resident=264, ksplit=1)
-    return p["splits"]
+    return p.splits
 
 
 def test_wgmma_split_plan_is_near_the_measured_best():
@@ -736,8 +743,8 @@ def test_wgmma_stream_and_split_plan_is_near_the_measured_best():
     layers = {"qkv": (4096, 6144), "o": (4096, 4096), "down": (14336, 4096)}
     for (layer, M), times in _H200_PLANS_V33.items():
         p = plan_gemm(M, *layers[layer], 128, wgmma=True, resident=132)
-        assert p["grid"][0] * p["grid"][1] * p["grid"][2] <= 132 or M > 128, (layer, M, p["grid"])
-        key = (p["ksplit"], p["splits"])
+        assert p.grid[0] * p.grid[1] * p.grid[2] <= 132 or M > 128, (layer, M, p.grid)
+        key = (p.ksplit, p.splits)
         assert key in times, (layer, M, key)
         assert times[key] <= 1.03 * min(times.values()), (layer, M, key, times)
 
@@ -745,7 +752,7 @@ def test_wgmma_stream_and_split_plan_is_near_the_measured_best():
 @pytest.mark.parametrize("wgmma", [False, True])
 @pytest.mark.parametrize("M", [1, 9, 16, 17, 32, 33, 64, 65, 128, 129, 255, 256, 257, 1000])
 def test_gemm_shape_holds_m(M, wgmma):
-    from awq_cupy.ops import gemm_token_tile
+    from awq_cupy.plans import gemm_token_tile
 
     shapes, default = (kernels.GEMM_WG_SHAPES, kernels.GEMM_WG_DEFAULT) if wgmma else (kernels.GEMM_SHAPES,
                                                                                        kernels.GEMM_DEFAULT)
@@ -773,18 +780,18 @@ def test_every_gemm_shape_is_reachable_and_every_tile_has_a_default(wgmma):
 @pytest.mark.parametrize("M", [13, 16, 64, 128, 300])
 def test_plan_gemm_covers_the_output_and_k(K, N, M, wgmma):
     p = plan_gemm(M, K, N, 128 if K % 128 == 0 else K, wgmma=wgmma)
-    n_ctas, splits, m_tiles = p["grid"]
-    per_cta = 8 // p["ksplit"] * p["tiles"] * 16   # channels per CTA: two K streams share a warpgroup's channels
+    n_ctas, splits, m_tiles = p.grid
+    per_cta = 8 // p.ksplit * p.tiles * 16   # channels per CTA: two K streams share a warpgroup's channels
     assert n_ctas * per_cta >= N > (n_ctas - 1) * per_cta
-    assert m_tiles * 8 * p["token_blocks"] >= M > (m_tiles - 1) * 8 * p["token_blocks"]
+    assert m_tiles * 8 * p.token_blocks >= M > (m_tiles - 1) * 8 * p.token_blocks
     KS = -(-K // 64)
-    assert splits == p["splits"] and (splits - 1) * p["per"] < KS <= splits * p["per"]
+    assert splits == p.splits and (splits - 1) * p.per < KS <= splits * p.per
 
 
 @pytest.mark.parametrize("wgmma", [False, True])
 def test_plan_gemm_batch_invariant_split_ignores_m(wgmma):
     plans = {M: plan_gemm(M, 8192, 1024, 128, batch_invariant=True, wgmma=wgmma) for M in (1, 2, 17, 64, 300)}
-    assert len({(p["splits"], p["per"]) for p in plans.values()}) == 1
+    assert len({(p.splits, p.per) for p in plans.values()}) == 1
 
 
 def test_plan_gemm_rejects_bad_arguments():
@@ -802,11 +809,11 @@ def test_plan_gemm_rejects_bad_arguments():
 def test_gemm_shape_for_picks_the_depth_asked_for(wgmma):
     for nb, tw, depth in kernels.GEMM_WG_SHAPES if wgmma else kernels.GEMM_SHAPES:
         assert gemm_shape_for(8 * nb, tw, wgmma=wgmma, depth=depth) == (nb, tw, depth)
-        assert plan_gemm(8 * nb, 4096, 4096, 128, wgmma=wgmma, tiles=tw, depth=depth)["depth"] == depth
+        assert plan_gemm(8 * nb, 4096, 4096, 128, wgmma=wgmma, tiles=tw, depth=depth).depth == depth
 
 
 def test_wgmma_two_per_sm_variant_only_for_grids_larger_than_the_sms():
-    from awq_cupy.ops import wgmma_pend
+    from awq_cupy.plans import wgmma_pend
 
     for shape, pend in kernels.GEMM_WG_PEND_TWO_PER_SM.items():
         assert shape in kernels.GEMM_WG_SHAPES and pend != kernels.gemm_wg_pend(shape[0])
@@ -816,8 +823,8 @@ def test_wgmma_two_per_sm_variant_only_for_grids_larger_than_the_sms():
         # Mistral-7B at M = 128 (bench/NOTES.md v20): gate_up's default grid (224 CTAs) takes it, o's (128) does not
         gu = plan_gemm(128, 4096, 28672, 128, wgmma=True, tiles=shape[1], depth=shape[2])
         o = plan_gemm(128, 4096, 4096, 128, wgmma=True, tiles=shape[1], depth=shape[2])
-        assert wgmma_pend(shape, math.prod(gu["grid"]), 132) == pend
-        assert wgmma_pend(shape, math.prod(o["grid"]), 132) is None
+        assert wgmma_pend(shape, math.prod(gu.grid), 132) == pend
+        assert wgmma_pend(shape, math.prod(o.grid), 132) is None
     for shape in kernels.GEMM_WG_SHAPES:
         if shape not in kernels.GEMM_WG_PEND_TWO_PER_SM:
             assert wgmma_pend(shape, 10_000, 132) is None
@@ -876,7 +883,7 @@ _H200_TUNE_V20 = {("qkv", 768): "cublas", ("qkv", 1024): "cublas", ("qkv", 1536)
 
 def test_h200_cost_model_picks_the_measured_winner_per_layer():
     from awq_cupy.jit import ARCHS
-    from awq_cupy.ops import cublas_beats_fused
+    from awq_cupy.plans import cublas_beats_fused
 
     shapes = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
     for (layer, M), best in _H200_TUNE_V20.items():
@@ -912,6 +919,7 @@ def test_tuned_row_without_cost_model_fields_takes_the_builtin_ones(tmp_path, mo
     path = tmp_path / "t.json"
     path.write_text('{"table": {"90": {"gemv_max_m": 8, "cublas_min_m": 1024, "wgmma_min_m": 17}}}')
     monkeypatch.setenv("AWQ_CUPY_DISPATCH", str(path))
+    settings.reload()
     dispatch.reload()
     row = dispatch.for_arch("90")
     assert row.cublas_min_m == 1024 and row.fused_unit_us == dispatch.TABLE["90"].fused_unit_us
@@ -920,7 +928,7 @@ def test_tuned_row_without_cost_model_fields_takes_the_builtin_ones(tmp_path, mo
 
 def test_wgmma_only_on_compute_capability_9_and_from_the_tables_m(monkeypatch):
     from awq_cupy import jit
-    from awq_cupy.ops import has_wgmma, uses_wgmma
+    from awq_cupy.plans import has_wgmma, uses_wgmma
 
     first = dispatch.for_arch("90").wgmma_min_m
     assert first is not None
@@ -928,15 +936,17 @@ def test_wgmma_only_on_compute_capability_9_and_from_the_tables_m(monkeypatch):
     assert uses_wgmma(jit.ARCHS["90"]) and not uses_wgmma(jit.ARCHS["89"]) and not uses_wgmma(jit.ARCHS["80"], 128)
     assert uses_wgmma(jit.ARCHS["90"], first) and not uses_wgmma(jit.ARCHS["90"], first - 1)
     monkeypatch.setenv("AWQ_CUPY_WGMMA", "0")
+    settings.reload()
     assert not has_wgmma(jit.ARCHS["90"]) and not uses_wgmma(jit.ARCHS["90"], 128)
 
 
 def test_table_without_wgmma_row_means_never(tmp_path, monkeypatch):
     from awq_cupy import jit
-    from awq_cupy.ops import uses_wgmma
+    from awq_cupy.plans import uses_wgmma
 
     path = tmp_path / "t.json"
     monkeypatch.setenv("AWQ_CUPY_DISPATCH", str(path))
+    settings.reload()
     dispatch.write_table(path, {"90": dispatch.Dispatch(gemv_max_m=8, cublas_min_m=256, wgmma_min_m=None)}, {})
     assert not uses_wgmma(jit.ARCHS["90"], 128) and not uses_wgmma(jit.ARCHS["90"])
     dispatch.reload()
@@ -965,7 +975,7 @@ def test_dispatch_table_is_consistent():
 
 
 def test_gemv_args_follow_the_kernel_signature():
-    """ops.gemv_args (the GEMV launch and bench/gemv_trace.py) passes awq_gemv_tc_kernel's parameters in order:
+    """launch.gemv_args (the GEMV launch and bench/gemv_trace.py) passes awq_gemv_tc_kernel's parameters in order:
     x, qtiles, scales, zeros, bias, y, M, N, K, NT16, KS, G, NG, Np, then the four fastdiv dividers."""
     import types
 
@@ -977,9 +987,9 @@ def test_gemv_args_follow_the_kernel_signature():
     args = gemv_args("x", w, "b", "y", 3, p)
     assert args[:6] == ("x", "q", "s", "z", "b", "y")
     assert all(isinstance(a, np.int32) for a in args[6:14]) and all(isinstance(a, np.uint64) for a in args[14:])
-    assert [int(a) for a in args[6:14]] == [3, 4096, 14336, p["NT16"], 224, 128, 112, 64 * 64]
-    assert args[14:] == gemv_dividers(p["grid"], p["NT16"], p["warps"], 224, 128, p["kdepth"])
-    assert p["kdepth"] == 2 and int(args[16]) == int(fastdiv(112))   # by units per column group: 224 blocks / 2
+    assert [int(a) for a in args[6:14]] == [3, 4096, 14336, p.NT16, 224, 128, 112, 64 * 64]
+    assert args[14:] == gemv_dividers(p.grid, p.NT16, p.warps, 224, 128, p.kdepth)
+    assert p.kdepth == 2 and int(args[16]) == int(fastdiv(112))   # by units per column group: 224 blocks / 2
 
 
 @pytest.mark.parametrize("M,K,N,G", [(1, 4096, 28672, 128), (16, 14336, 4096, 128), (3, 1088, 4160, 64),
@@ -993,7 +1003,7 @@ def test_gemv_shape_family_defines_the_launch_arguments(M, K, N, G):
     from awq_cupy import kernels
     from awq_cupy.formats import resolve_group_size
     from awq_cupy.layout import padded_sizes
-    from awq_cupy.ops import gemv_shape_args
+    from awq_cupy.plans import gemv_shape_args
 
     G = resolve_group_size(G, K)
     Kp, Np = padded_sizes(K, N)
@@ -1003,22 +1013,22 @@ def test_gemv_shape_family_defines_the_launch_arguments(M, K, N, G):
         p = plan_gemv(M, K, N, G, warps=warps)
         shape = gemv_shape_args(w, p)
         assert gemv_args("x", w, "b", "y", M, p)[7:] == shape == gemv_args("x", w, "b", "y", M, p, shape)[7:]
-        v = kernels.gemv_variant("float16", p["token_blocks"], p["tiles"], p["aligned"], p["kdepth"])
-        fam = kernels.gemv_shape_family(v, shape, p["warps"])
+        v = kernels.gemv_variant("float16", p.token_blocks, p.tiles, p.aligned, p.kdepth)
+        fam = kernels.gemv_shape_family(v, shape, p.warps)
         d = dict(fam.defines)
-        assert d["AWQ_GEMV_SHAPE"] == "1" and d["AWQ_GEMV_W"] == str(p["warps"]) and "AWQ_GEMV_M" not in d
+        assert d["AWQ_GEMV_SHAPE"] == "1" and d["AWQ_GEMV_W"] == str(p.warps) and "AWQ_GEMV_M" not in d
         assert [d[f"AWQ_GEMV_{n}"] for n in kernels.GEMV_SHAPE_ARGS] == [
             f"{int(c)}ull" if n.startswith("FD_") else str(int(c)) for n, c in zip(kernels.GEMV_SHAPE_ARGS, shape)]
         assert fam.variants(None) == (v,) and fam.source == kernels.GEMV_TC.source
-        assert kernels.gemv_shape_family(v, tuple(int(c) for c in shape), p["warps"]) is fam   # one per shape
-        other = kernels.gemv_shape_family(v, shape[:-1] + (int(shape[-1]) + 1,), p["warps"])
+        assert kernels.gemv_shape_family(v, tuple(int(c) for c in shape), p.warps) is fam   # one per shape
+        other = kernels.gemv_shape_family(v, shape[:-1] + (int(shape[-1]) + 1,), p.warps)
         assert other.name != fam.name
-        one = kernels.gemv_shape_family(v, shape, p["warps"], tokens=1)
+        one = kernels.gemv_shape_family(v, shape, p.warps, tokens=1)
         assert dict(one.defines)["AWQ_GEMV_M"] == "1" and one.name != fam.name
-        assert kernels.gemv_shape_family(v, shape, p["warps"], tokens=8 * p["token_blocks"]) is not one
-        for bad in (0, 8 * p["token_blocks"] + 1):
+        assert kernels.gemv_shape_family(v, shape, p.warps, tokens=8 * p.token_blocks) is not one
+        for bad in (0, 8 * p.token_blocks + 1):
             with pytest.raises(ValueError, match=f"tokens={bad}"):
-                kernels.gemv_shape_family(v, shape, p["warps"], tokens=bad)
+                kernels.gemv_shape_family(v, shape, p.warps, tokens=bad)
     with pytest.raises(ValueError, match="11 arguments"):
         kernels.gemv_shape_family(v, shape[:-1], 4)
 
@@ -1027,40 +1037,46 @@ def test_gemv_specializes_on_sm90_for_model_sized_weights(monkeypatch):
     """Shape-compiled GEMVs: compute capability 9.0 only, from GEMV_SHAPE_MIN_WEIGHTS weights (auto), at any size
     with AWQ_CUPY_GEMV_SHAPES=1, never with 0; another value is a clear error."""
     from awq_cupy import jit
-    from awq_cupy.ops import GEMV_SHAPE_MIN_WEIGHTS, gemv_specializes
+    from awq_cupy.plans import GEMV_SHAPE_MIN_WEIGHTS, gemv_specializes
 
     h100, a100 = jit.ARCHS["90"], jit.ARCHS["80"]
     monkeypatch.delenv("AWQ_CUPY_GEMV_SHAPES", raising=False)
+    settings.reload()
     assert gemv_specializes(h100, 4096, 4096) and gemv_specializes(h100, 4096, GEMV_SHAPE_MIN_WEIGHTS // 4096)
     assert not gemv_specializes(h100, 4096, GEMV_SHAPE_MIN_WEIGHTS // 4096 - 1)
     assert not gemv_specializes(a100, 4096, 28672)
     monkeypatch.setenv("AWQ_CUPY_GEMV_SHAPES", "1")
+    settings.reload()
     assert gemv_specializes(h100, 64, 16) and not gemv_specializes(a100, 4096, 28672)
     monkeypatch.setenv("AWQ_CUPY_GEMV_SHAPES", "0")
+    settings.reload()
     assert not gemv_specializes(h100, 4096, 28672)
     monkeypatch.setenv("AWQ_CUPY_GEMV_SHAPES", "yes")
+    with pytest.raises(ValueError, match="AWQ_CUPY_GEMV_SHAPES='yes'"):
+        settings.reload()
     with pytest.raises(ValueError, match="AWQ_CUPY_GEMV_SHAPES='yes'"):
         gemv_specializes(h100, 4096, 4096)
 
 
 def test_gemv_kernel_compiles_per_launch_shape_and_token_count(monkeypatch):
-    """ops.gemv_kernel (matmul's choice, no GPU needed to check it): on compute capability 9.0 a model-sized weight
+    """launch.gemv_kernel (matmul's choice, no GPU needed to check it): on compute capability 9.0 a model-sized weight
     gets a kernel compiled for its launch arguments (gemv_shape_args), one more for M = 16 (and for M = 1 from
     GEMV_M1_MIN_WEIGHTS elements: gemv_compiled_tokens), one per (shape, token count) and cached; a small weight,
     another arch or a capture take the generic variant, which is loaded first as a capture's fallback."""
     import types
 
-    from awq_cupy import jit, kernels, ops
+    from awq_cupy import jit, kernels, launch, ops, plans
 
-    big = ops.GEMV_M1_MIN_WEIGHTS
-    assert [ops.gemv_compiled_tokens(M, 8192, big // 8192) for M in (1, 2, 8, 15, 16)] == [1, None, None, None, 16]
-    assert [ops.gemv_compiled_tokens(M, 4096, big // 4096 - 1) for M in (1, 16)] == [None, 16]
+    big = plans.GEMV_M1_MIN_WEIGHTS
+    assert [plans.gemv_compiled_tokens(M, 8192, big // 8192) for M in (1, 2, 8, 15, 16)] == [1, None, None, None, 16]
+    assert [plans.gemv_compiled_tokens(M, 4096, big // 4096 - 1) for M in (1, 16)] == [None, 16]
     loaded = []
     monkeypatch.setattr(kernels, "get_kernel", lambda fam, v, dev=None: loaded.append((fam, v)) or (fam.name, v))
     monkeypatch.setattr(kernels, "kernel", lambda name, v, dev=None: loaded.append((name, v)) or (name, v))
-    monkeypatch.setattr(ops, "_gemv_shape_kernels", {})
-    monkeypatch.setattr(ops, "_is_capturing", lambda: False)
+    monkeypatch.setattr(launch, "_gemv_shape_kernels", {})
+    monkeypatch.setattr(launch, "is_capturing", lambda: False)
     monkeypatch.delenv("AWQ_CUPY_GEMV_SHAPES", raising=False)
+    settings.reload()
     h100 = jit.ARCHS["90"]
     K, N = 4096, 6144
     w = types.SimpleNamespace(N=N, K=K, KS=K // 64, group_size=128, NG=K // 128, NT=N // 64, device=0)
@@ -1068,40 +1084,40 @@ def test_gemv_kernel_compiles_per_launch_shape_and_token_count(monkeypatch):
     for M in (1, 2, 16, 12, 1, 16):
         p = plan_gemv(M, K, N, 128, arch=h100)
         before = len(loaded)
-        names[M] = ops.gemv_kernel(w, p, "float16", h100, M)[0]
+        names[M] = launch.gemv_kernel(w, p, "float16", h100, M)[0]
         if len(loaded) > before:   # a first build: the generic variant, then the shape's kernel
-            v = kernels.gemv_variant("float16", p["token_blocks"], p["tiles"], p["aligned"], p["kdepth"])
+            v = kernels.gemv_variant("float16", p.token_blocks, p.tiles, p.aligned, p.kdepth)
             assert loaded[before] == ("gemv_tc", v) and len(loaded) == before + 2
             d = dict(loaded[-1][0].defines)
             assert [d[f"AWQ_GEMV_{n}"].rstrip("ul") for n in kernels.GEMV_SHAPE_ARGS] == [
-                str(int(a)) for a in ops.gemv_shape_args(w, p)]
+                str(int(a)) for a in plans.gemv_shape_args(w, p)]
             assert d.get("AWQ_GEMV_M") == ("16" if M == 16 else None), (M, d)
-    assert len(loaded) == 6 and len(ops._gemv_shape_kernels) == 3    # M = 1 (also M = 2), 12, 16: once each
+    assert len(loaded) == 6 and len(launch._gemv_shape_kernels) == 3    # M = 1 (also M = 2), 12, 16: once each
     assert names[1] == names[2] and names[12] != names[16] and names[16].startswith("gemv_tc:")
     assert names[16].endswith(":m16") and not names[12].endswith(":m16")
     small = types.SimpleNamespace(N=64, K=128, KS=2, group_size=128, NG=1, NT=1, device=0)
     p = plan_gemv(1, 128, 64, 128, arch=h100)
-    assert ops.gemv_kernel(small, p, "float16", h100, 1)[0] == "gemv_tc"
-    assert ops.gemv_kernel(w, plan_gemv(1, K, N, 128, arch=jit.ARCHS["80"]), "float16", jit.ARCHS["80"], 1)[0] \
+    assert launch.gemv_kernel(small, p, "float16", h100, 1)[0] == "gemv_tc"
+    assert launch.gemv_kernel(w, plan_gemv(1, K, N, 128, arch=jit.ARCHS["80"]), "float16", jit.ARCHS["80"], 1)[0] \
         == "gemv_tc"
-    monkeypatch.setattr(ops, "_is_capturing", lambda: True)
+    monkeypatch.setattr(launch, "is_capturing", lambda: True)
     p = plan_gemv(4, K, N, 128, arch=h100)
-    assert ops.gemv_kernel(w, p, "float16", h100, 4)[0] == names[1]            # M = 1's launch shape, built
+    assert launch.gemv_kernel(w, p, "float16", h100, 4)[0] == names[1]            # M = 1's launch shape, built
     w2 = types.SimpleNamespace(**{**vars(w), "N": 4096, "NT": 64})
     p = plan_gemv(16, K, 4096, 128, arch=h100)
-    assert ops.gemv_kernel(w2, p, "float16", h100, 16)[0] == "gemv_tc"         # not built yet: the fallback
-    assert ops.gemv_kernel(w, plan_gemv(16, K, N, 128, arch=h100), "float16", h100, 16)[0] == names[16]
-    monkeypatch.setattr(ops, "_is_capturing", lambda: False)
+    assert launch.gemv_kernel(w2, p, "float16", h100, 16)[0] == "gemv_tc"         # not built yet: the fallback
+    assert launch.gemv_kernel(w, plan_gemv(16, K, N, 128, arch=h100), "float16", h100, 16)[0] == names[16]
+    monkeypatch.setattr(launch, "is_capturing", lambda: False)
     w3 = types.SimpleNamespace(**{**vars(w), "N": 8192, "NT": 128, "K": 8192, "KS": 128, "NG": 64})   # 2^26 weights
-    n1 = ops.gemv_kernel(w3, plan_gemv(1, 8192, 8192, 128, arch=h100), "float16", h100, 1)[0]
+    n1 = launch.gemv_kernel(w3, plan_gemv(1, 8192, 8192, 128, arch=h100), "float16", h100, 1)[0]
     assert n1.endswith(":m1") and dict(loaded[-1][0].defines)["AWQ_GEMV_M"] == "1"
 
 
 def test_x_tile_chunks_counts_the_tiles_and_refuses_what_32_bit_indices_cannot_hold():
-    """ops.x_tile_chunks: ceil(M / BM) token tiles x ceil(K / 64) units x BM rows x 8 chunks, also past 2^31
+    """plans.x_tile_chunks: ceil(M / BM) token tiles x ceil(K / 64) units x BM rows x 8 chunks, also past 2^31
     chunks (awq_tile_x_kernel's loop index is 64-bit); a ValueError naming the rows and K from 2^31 (token tile,
     unit) pairs on (its 32-bit multiply-shift division), and for a token tile that is not a power of two."""
-    from awq_cupy.ops import x_tile_chunks
+    from awq_cupy.plans import x_tile_chunks
 
     assert x_tile_chunks(1, 64, 16) == 16 * 8
     assert x_tile_chunks(17, 4096, 32) == 1 * 64 * 32 * 8

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from awq_cupy import jit
+from awq_cupy import launch, settings
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -524,11 +525,11 @@ def test_pdl_launch_structs_match_the_driver_api_layout():
     48) and CUlaunchAttribute (72 bytes: id, 4 bytes of padding, a 64-byte value union) as in cuda.h (CUDA 12+)."""
     import ctypes
 
-    assert ctypes.sizeof(jit._LaunchConfig) == 56
-    assert (jit._LaunchConfig.hStream.offset, jit._LaunchConfig.attrs.offset,
-            jit._LaunchConfig.numAttrs.offset) == (32, 40, 48)
-    assert ctypes.sizeof(jit._LaunchAttribute) == 72 and jit._LaunchAttribute.value.offset == 8
-    assert jit._CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION == 6
+    assert ctypes.sizeof(launch.LaunchConfig) == 56
+    assert (launch.LaunchConfig.hStream.offset, launch.LaunchConfig.attrs.offset,
+            launch.LaunchConfig.numAttrs.offset) == (32, 40, 48)
+    assert ctypes.sizeof(launch.LaunchAttribute) == 72 and launch.LaunchAttribute.value.offset == 8
+    assert launch.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION == 6
 
 
 def test_pdl_kernel_arguments_fill_8_byte_slots_little_endian():
@@ -538,7 +539,7 @@ def test_pdl_kernel_arguments_fill_8_byte_slots_little_endian():
 
     import numpy as np
 
-    slots = (ctypes.c_uint64 * 5)(*[jit._arg_bits(v) for v in (np.int32(-3), np.int64(1 << 40), np.uint64(0),
+    slots = (ctypes.c_uint64 * 5)(*[launch.arg_bits(v) for v in (np.int32(-3), np.int64(1 << 40), np.uint64(0),
                                                                 np.float32(0.5), np.int32(7))])
     base = ctypes.addressof(slots)
     assert ctypes.c_int32.from_address(base).value == -3
@@ -547,23 +548,24 @@ def test_pdl_kernel_arguments_fill_8_byte_slots_little_endian():
     assert ctypes.c_float.from_address(base + 24).value == 0.5
     assert ctypes.c_int32.from_address(base + 32).value == 7
     with pytest.raises(TypeError, match="float64"):
-        jit._arg_bits(np.float64(1.0))
+        launch.arg_bits(np.float64(1.0))
     with pytest.raises(TypeError, match="not a device array"):
-        jit._arg_bits([1, 2])
+        launch.arg_bits([1, 2])
 
     class FakeArray:        # anything with .data.ptr (a CuPy array) goes by pointer
         class data:
             ptr = 0x1000
 
-    assert jit._arg_bits(FakeArray()) == 0x1000
+    assert launch.arg_bits(FakeArray()) == 0x1000
 
 
 def test_pdl_only_on_compute_capability_9(monkeypatch):
-    from awq_cupy.ops import uses_pdl
+    from awq_cupy.plans import uses_pdl
 
     assert uses_pdl(jit.ARCHS["90"]) and uses_pdl(jit.ARCHS["90a"])
     assert not any(uses_pdl(jit.ARCHS[k]) for k in ("75", "80", "86", "89"))
     monkeypatch.setenv("AWQ_CUPY_PDL", "0")
+    settings.reload()
     assert not uses_pdl(jit.ARCHS["90"])
 
 
@@ -573,15 +575,15 @@ def test_launch_attributes_have_the_driver_layout():
     import ctypes
     import struct
 
-    assert ctypes.sizeof(jit._LaunchAttribute) == 72 and jit._LaunchAttribute.value.offset == 8
+    assert ctypes.sizeof(launch.LaunchAttribute) == 72 and launch.LaunchAttribute.value.offset == 8
 
     def value(a, fmt):   # the union's first bytes (a c_char array's .value stops at the first zero byte)
         return struct.unpack(fmt, ctypes.string_at(ctypes.addressof(a) + 8, struct.calcsize(fmt)))
 
-    arr, n = jit._launch_attributes(True, None)
+    arr, n = launch.launch_attributes(True, None)
     assert n == 1 and arr[0].id == 6 and value(arr[0], "<i") == (1,)
-    arr, n = jit._launch_attributes(False, (1, 4))
+    arr, n = launch.launch_attributes(False, (1, 4))
     assert n == 1 and arr[0].id == 4 and value(arr[0], "<3I") == (1, 4, 1)
-    arr, n = jit._launch_attributes(True, (1, 8, 1))
+    arr, n = launch.launch_attributes(True, (1, 8, 1))
     assert n == 2 and [a.id for a in arr] == [6, 4] and value(arr[1], "<3I") == (1, 8, 1)
-    assert jit._launch_attributes(True, (1, 8, 1))[0] is arr   # built once per set
+    assert launch.launch_attributes(True, (1, 8, 1))[0] is arr   # built once per set

@@ -9,6 +9,7 @@ from safetensors.numpy import load_file
 
 import awq_cupy
 from awq_cupy import formats, layout, reference
+from awq_cupy import settings
 from conftest import FIXTURES
 from gpu_util import (assert_matmul_close, gemv_weight, kernel_weight, matmul_weight, np_dtype, random_layer,
                       random_x)
@@ -185,7 +186,7 @@ def test_all_formats_give_the_same_output(rng, K, N, G):
 
 @pytest.mark.parametrize("M", [1024, 1100])
 def test_cublas_path_and_fused_gemm_agree_with_reference(rng, M):
-    from awq_cupy.ops import uses_cublas
+    from awq_cupy.plans import uses_cublas
 
     K, N = 2048, 768
     Q, Z, S, G = random_layer(rng, K, N, 128)
@@ -220,13 +221,13 @@ def test_golden_fixtures_through_matmul(rng):
 # ---------------------------------------------------------------------------------------------------------------
 def _gemv(x, w, tiles, bias=None, **plan):
     """Run the GEMV variant with ``tiles`` column blocks per unit directly (whatever the dispatch table says)."""
-    from awq_cupy import ops
+    from awq_cupy import launch
 
     xg = cp.asarray(x)
     M = x.shape[0]
     y = cp.full((M, w.N), np.nan, dtype=xg.dtype)
-    b = cp.asarray(bias) if bias is not None else ops._NULL
-    ops._launch_gemv(xg, w, b, y, M, w.dtype, ops._sm_count(w.device), tiles=tiles, **plan)
+    b = cp.asarray(bias) if bias is not None else launch.NULL
+    launch.run_gemv(xg, w, b, y, M, w.dtype, launch.sm_count(w.device), tiles=tiles, **plan)
     return y.get()
 
 
@@ -245,7 +246,7 @@ def test_gemv_variants_against_reference(rng, tiles, K, N, G, kind):
     bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
     from awq_cupy.jit import arch_of_device
     from awq_cupy.kernels import gemv_shapes
-    from awq_cupy.ops import aligned_groups
+    from awq_cupy.plans import aligned_groups
 
     instantiated = gemv_shapes(arch_of_device(0), aligned_groups(G, K // G))   # three, four token blocks: sm_90
     for M in (1, 3, 8, 9, 16, 17, 24, 25, 32):
@@ -265,7 +266,7 @@ def test_gemv_two_k_blocks_per_unit_against_reference(rng, K, N, G, kind):
     the last unit's second block lies past K), groups of one, two and three blocks (G = 64, 128, 192: a unit's
     second block may start a new group), one group (G = K), column groups short and long (N = 16 x 137: CTAs of
     one and two blocks), warp counts down to one."""
-    from awq_cupy import ops
+    from awq_cupy import launch, plans
     from awq_cupy.kernels import GEMV_KD2_SHAPES
 
     Q, Z, S, G = random_layer(rng, K, N, G)
@@ -275,7 +276,7 @@ def test_gemv_two_k_blocks_per_unit_against_reference(rng, K, N, G, kind):
     for nb, tiles in GEMV_KD2_SHAPES:
         for M in (8 * nb - 7, 8 * nb):
             x = random_x(rng, M, K, kind)
-            most = ops.plan_gemv(M, K, N, G, tiles=tiles, kdepth=2, sm_count=ops._sm_count(0))["warps"]
+            most = plans.plan_gemv(M, K, N, G, tiles=tiles, kdepth=2, sm_count=launch.sm_count(0)).warps
             for warps in sorted({most, 5, 1}):
                 y = _gemv(x, w, tiles, bias, warps=warps, kdepth=2)
                 assert_matmul_close(y, x, W64, kind, bias=bias,
@@ -287,7 +288,7 @@ def test_matmul_takes_two_k_block_pairs_where_planned(rng, kind):
     """A layer of two 16-column blocks per CTA (4096 x 4096, like Mistral-7B's o) runs the two-k-block pairs through
     matmul's own plan where the dispatch table says so (up to 8 rows), and from 9 rows the plain pairs, which
     multiply by the rounded weights (16 warps on sm_90); both give the reference's result."""
-    from awq_cupy import kernels, ops
+    from awq_cupy import kernels, launch, plans
     from awq_cupy.jit import arch_of_device
 
     K, N = 4096, 4096
@@ -295,13 +296,13 @@ def test_matmul_takes_two_k_block_pairs_where_planned(rng, kind):
     w = _weight(Q, Z, S, G, kind)
     for M in (1, 8, 9, 16):
         W64 = matmul_weight(Q, Z, S, G, kind, M)
-        arch, sms = arch_of_device(0), ops._sm_count(0)
-        plan = ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, dtype=kind)
-        assert plan["kdepth"] == (2 if M <= 8 else 1), (M, plan)
+        arch, sms = arch_of_device(0), launch.sm_count(0)
+        plan = plans.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, dtype=kind)
+        assert plan.kdepth == (2 if M <= 8 else 1), (M, plan)
         if M > 8:
-            assert plan["tiles"] == 2 and kernels.gemv_scaled(2, 2) and ops.rounds_weights(
+            assert plan.tiles == 2 and kernels.gemv_scaled(2, 2) and plans.rounds_weights(
                 M, arch_key=arch.key, K=K, N=N, group_size=G, dtype=kind, sm_count=sms), (M, plan)
-            assert plan["warps"] == (16 if arch.cc >= 90 else 12), (M, plan)
+            assert plan.warps == (16 if arch.cc >= 90 else 12), (M, plan)
         x = random_x(rng, M, K, kind)
         assert_matmul_close(_run(x, w), x, W64, kind, what=f"matmul {K}x{N} M={M} {kind} kdepth={plan['kdepth']}")
 
@@ -309,13 +310,13 @@ def test_matmul_takes_two_k_block_pairs_where_planned(rng, kind):
 @pytest.mark.parametrize("kind", ["float16", "bfloat16"])
 def test_matmul_takes_the_wide_gemv_where_planned(rng, kind):
     """From 17 to 32 rows matmul runs the GEMV's three- and four-token-block variants on the layers
-    ops.gemv_wide_takes gives them (sm_90, groups of whole 64-k blocks; exact (q - z) with the scales on fp32
+    plans.gemv_wide_takes gives them (sm_90, groups of whole 64-k blocks; exact (q - z) with the scales on fp32
     group sums) and the GEMM elsewhere (rounded weights); both give the reference's result, with a bias, N not a
     multiple of 64 and a CTA's last column group short."""
-    from awq_cupy import ops
+    from awq_cupy import launch, plans
     from awq_cupy.jit import arch_of_device
 
-    arch, sms = arch_of_device(0), ops._sm_count(0)
+    arch, sms = arch_of_device(0), launch.sm_count(0)
     # small (GEMV at every M), CTAs of 6-7 blocks with K x N past the small-layer bound (GEMV up to 24 rows),
     # two blocks per CTA past it (the GEMM), one group of K
     shapes = [(4096, 6144 - 40, 128), (2560, 16 * (6 * sms + sms // 2), 64), (8192, 16 * 2 * sms, 128),
@@ -326,8 +327,8 @@ def test_matmul_takes_the_wide_gemv_where_planned(rng, kind):
         w = _weight(Q, Z, S, G, kind)
         bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
         for M in (17, 20, 24, 25, 31, 32):
-            takes = ops.gemv_wide_takes(M, K, N, G, arch, sms, kind)
-            assert ops.rounds_weights(M, arch_key=arch.key, K=K, N=N, group_size=G, dtype=kind,
+            takes = plans.gemv_wide_takes(M, K, N, G, arch, sms, kind)
+            assert plans.rounds_weights(M, arch_key=arch.key, K=K, N=N, group_size=G, dtype=kind,
                                       sm_count=sms) == (not takes)
             taken.add((K, N, M, takes))
             x = random_x(rng, M, K, kind)
@@ -364,12 +365,12 @@ def test_gemv_short_column_groups_against_reference(rng, G):
     """CTAs of 6 and 7 column blocks (N = 16 (6.5 x SMs)), so that with 2, 3 or 4 blocks per unit a CTA's last
     column group is short and the warps' runs end inside and across groups; K = 1088 (17 units per block, odd), two
     scale groups per unit at G = 32; every warp count down to one."""
-    from awq_cupy import ops
+    from awq_cupy import launch, plans
     from awq_cupy.jit import arch_of_device
     from awq_cupy.kernels import gemv_shapes
 
     instantiated = gemv_shapes(arch_of_device(0), G % 64 == 0)
-    sms = ops._sm_count(0)
+    sms = launch.sm_count(0)
     K, N = 1088, 16 * (6 * sms + sms // 2)
     Q, Z, S, G = random_layer(rng, K, N, G)
     w = _weight(Q, Z, S, G, "float16")
@@ -379,7 +380,7 @@ def test_gemv_short_column_groups_against_reference(rng, G):
         M = 8 * nb - 5
         x = random_x(rng, M, K, "float16")
         W64 = gemv_weight(Q, Z, S, G, "float16", M, tiles)
-        most = ops.plan_gemv(M, K, N, G, sm_count=sms, tiles=tiles)["warps"]
+        most = plans.plan_gemv(M, K, N, G, sm_count=sms, tiles=tiles).warps
         for warps in sorted({most, 7, 2, 1}):
             y = _gemv(x, w, tiles, warps=warps)
             assert_matmul_close(y, x, W64, "float16", what=f"tiles={tiles} warps={warps} M={M} G={G}")
@@ -388,7 +389,7 @@ def test_gemv_short_column_groups_against_reference(rng, G):
 def test_gemv_is_deterministic_and_rows_are_independent(rng):
     """Bitwise the same run to run; and a row's result does not depend on the other rows whenever the launch
     plan (warps per CTA, blocks per unit) is the same, since the summation order depends only on the plan."""
-    from awq_cupy.ops import plan_gemv
+    from awq_cupy.plans import plan_gemv
 
     K, N = 14336, 4096
     Q, Z, S, G = random_layer(rng, K, N, 128)
@@ -407,7 +408,7 @@ def test_gemv_is_deterministic_and_rows_are_independent(rng):
             a, b = _gemv(x[:M], w, tiles), _gemv(x[:M], w, tiles)
             np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=f"run to run, M={M}")
             # the same plan, and the same decode (kernels.gemv_scaled: the pairs at two token blocks round)
-            if (plan_gemv(M, K, N, G, tiles=tiles)["warps"] == one["warps"]
+            if (plan_gemv(M, K, N, G, tiles=tiles).warps == one.warps
                     and gemv_scaled(-(-M // 8), tiles) == gemv_scaled(1, tiles)):
                 np.testing.assert_array_equal(a.view(np.uint16), rows[:M].view(np.uint16), err_msg=f"rows, M={M}")
 
@@ -416,13 +417,13 @@ def test_gemv_is_deterministic_and_rows_are_independent(rng):
                                    (14400, 328, 96)])
 @pytest.mark.parametrize("kind", ["float16", "bfloat16"])
 def test_gemv_compiled_for_the_launch_shape(rng, K, N, G, kind, monkeypatch):
-    """The GEMV compiled for one launch shape (ops.gemv_kernel with specialize=True; what matmul runs on compute
+    """The GEMV compiled for one launch shape (launch.gemv_kernel with specialize=True; what matmul runs on compute
     capability 9.0 for model-sized weights; at M = 1 and 16 compiled for the token count too, M = 1 here at every
     size) gives bitwise the generic variant's result, and the reference's, for every planned variant (pairs with two
     k blocks, threes, fours; G % 64 = 32; one group; N not a multiple of 64), with and without a bias, at one to
     four token blocks (three and four on sm_90 with groups of whole 64-k blocks) and other warp counts. Runs on any
     GPU (the constants are not arch-specific)."""
-    from awq_cupy import ops
+    from awq_cupy import launch, ops, plans
     from awq_cupy.jit import arch_of_device
     from awq_cupy.kernels import gemv_shapes
 
@@ -431,24 +432,24 @@ def test_gemv_compiled_for_the_launch_shape(rng, K, N, G, kind, monkeypatch):
     Q, Z, S, G = random_layer(rng, K, N, G)
     w = _weight(Q, Z, S, G, kind)
     bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
-    arch, sms = arch_of_device(0), ops._sm_count(0)
+    arch, sms = arch_of_device(0), launch.sm_count(0)
     for M in (1, 5, 9, 16, 20, 32):
         x = random_x(rng, M, K, kind)
         xg = cp.asarray(x)
-        if M > 16 and not any(nb == -(-M // 8) for nb, _ in gemv_shapes(arch, ops.aligned_groups(G, K // G))):
+        if M > 16 and not any(nb == -(-M // 8) for nb, _ in gemv_shapes(arch, plans.aligned_groups(G, K // G))):
             continue   # three and four token blocks: sm_90, groups of whole 64-k blocks
-        base = ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, dtype=kind)
-        W64 = gemv_weight(Q, Z, S, G, kind, M, base["tiles"], base["kdepth"])
-        for warps in sorted({base["warps"], 3}):
-            p = ops.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, dtype=kind, tiles=base["tiles"],
-                              kdepth=base["kdepth"], warps=warps)
+        base = plans.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, dtype=kind)
+        W64 = gemv_weight(Q, Z, S, G, kind, M, base.tiles, base.kdepth)
+        for warps in sorted({base.warps, 3}):
+            p = plans.plan_gemv(M, K, N, G, arch=arch, sm_count=sms, dtype=kind, tiles=base.tiles,
+                              kdepth=base.kdepth, warps=warps)
             for b in (None, bias):
                 ys = []
                 for spec in (False, True):
                     y = cp.full((M, N), np.nan, dtype=xg.dtype)
-                    args = ops.gemv_args(xg, w, ops._NULL if b is None else cp.asarray(b), y, M, p)
-                    ops.gemv_kernel(w, p, kind, arch, M, specialize=spec).launch(
-                        (p["grid"],), (32 * p["warps"],), args, smem=p["smem"], pdl=ops.uses_pdl(arch))
+                    args = launch.gemv_args(xg, w, launch.NULL if b is None else cp.asarray(b), y, M, p)
+                    launch.gemv_kernel(w, p, kind, arch, M, specialize=spec).launch(
+                        (p.grid,), (32 * p.warps,), args, smem=p.smem, pdl=plans.uses_pdl(arch))
                     ys.append(y.get())
                 what = f"{K}x{N} G={G} M={M} warps={warps} bias={b is not None} {kind} {p}"
                 np.testing.assert_array_equal(ys[1].view(np.uint16), ys[0].view(np.uint16), err_msg=what)
@@ -461,21 +462,21 @@ def test_gemv_compiled_for_the_launch_shape(rng, K, N, G, kind, monkeypatch):
 def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False, pend=None, reduce_cols=None, ksplit=1):
     """Run the GEMM (the wgmma or the mma.sync kernel) with ``tiles`` column blocks per warp (and ``splits``, the
     wgmma kernel's ``pend``, the split-K reduce kernel's columns per thread)."""
-    from awq_cupy import ops
+    from awq_cupy import launch
     from awq_cupy.jit import arch_of_device
 
     xg = cp.asarray(x)
     M = x.shape[0]
     y = cp.full((M, w.N), np.nan, dtype=xg.dtype)
-    b = cp.asarray(bias) if bias is not None else ops._NULL
-    ops._launch_gemm(xg, w, b, y, M, w.dtype, arch_of_device(w.device), ops._sm_count(w.device), False,
+    b = cp.asarray(bias) if bias is not None else launch.NULL
+    launch.run_gemm(xg, w, b, y, M, w.dtype, arch_of_device(w.device), launch.sm_count(w.device), False,
                      tiles=tiles, splits=splits, wgmma=wgmma, pend=pend, reduce_cols=reduce_cols, ksplit=ksplit)
     return y.get()
 
 
 def _has_wgmma():
     from awq_cupy.jit import arch_of_device
-    from awq_cupy.ops import has_wgmma
+    from awq_cupy.plans import has_wgmma
 
     return has_wgmma(arch_of_device(0))
 
@@ -496,7 +497,7 @@ GEMM_TEST_SHAPES = [(4096, 1024, 128), (1000, 200, -1), (384, 4160, 32), (768, 9
 @pytest.mark.parametrize("K,N,G", GEMM_TEST_SHAPES)
 @pytest.mark.parametrize("kind", ["float16", "bfloat16"])
 def test_gemm_variants_against_reference(rng, path, shape, K, N, G, kind):
-    from awq_cupy.ops import gemm_token_tile
+    from awq_cupy.plans import gemm_token_tile
 
     wg = path == "wgmma"
     if wg and not _has_wgmma():
@@ -544,7 +545,7 @@ def test_wgmma_x_tile_pass_strides_over_its_grid(rng):
     """awq_tile_x_kernel runs at most 65536 blocks of 256 threads, one 16-byte chunk each per pass: with more than
     2^24 chunks (here M = 8200 rows of K = 16384: 33 tiles of 256 tokens x 256 units x 2048 chunks) threads take
     a second chunk 2^24 further on (its 64-bit index). The GEMM on those tiles against the reference."""
-    from awq_cupy.ops import x_tile_chunks
+    from awq_cupy.plans import x_tile_chunks
 
     if not _has_wgmma():
         pytest.skip("the wgmma GEMM needs compute capability 9.0")
@@ -583,11 +584,11 @@ def test_wgmma_two_k_streams_against_reference(rng):
 
 
 def test_matmul_takes_two_k_streams_where_planned(rng):
-    """awq_cupy.matmul on a shape whose plan replaces a two-way split-K by two K streams per CTA (ops.wgmma_ksplit):
+    """awq_cupy.matmul on a shape whose plan replaces a two-way split-K by two K streams per CTA (plans.wgmma_ksplit):
     three token tiles (the last partial), N % 16 = 8, a bias, fp16 and bf16; close to the reference, and close to
     the one-stream split-K launch of the same call."""
     import awq_cupy
-    from awq_cupy import ops
+    from awq_cupy import launch, plans
 
     if not _has_wgmma():
         pytest.skip("the wgmma GEMM needs compute capability 9.0")
@@ -596,10 +597,10 @@ def test_matmul_takes_two_k_streams_where_planned(rng):
         Q, Z, S, G = random_layer(rng, K, N, 128)
         w = _weight(Q, Z, S, G, kind)
         W64 = kernel_weight(Q, Z, S, G, kind)
-        sms = ops._sm_count(w.device)
-        plan = ops.plan_gemm(M, K, N, G, wgmma=True, sm_count=sms, resident=sms)
-        assert plan["ksplit"] == 2 and plan["splits"] == 1, plan
-        assert not ops.uses_cublas(M, kind, K=K, N=N, sm_count=sms)   # the fused GEMM runs
+        sms = launch.sm_count(w.device)
+        plan = plans.plan_gemm(M, K, N, G, wgmma=True, sm_count=sms, resident=sms)
+        assert plan.ksplit == 2 and plan.splits == 1, plan
+        assert not plans.uses_cublas(M, kind, K=K, N=N, sm_count=sms)   # the fused GEMM runs
         bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
         x = random_x(rng, M, K, kind)
         y = awq_cupy.matmul(cp.asarray(x), w, bias=cp.asarray(bias)).get()
@@ -612,7 +613,7 @@ def test_explicit_pend_keeps_one_k_stream(rng):
     """A launch that names the wgmma kernel's PEND but not the K streams, on a shape whose plan takes two K streams
     (which exist for the default PEND only), runs the one-stream kernel with that PEND: correct, no missing
     variant."""
-    from awq_cupy import ops
+    from awq_cupy import launch, plans
     from awq_cupy.jit import arch_of_device
     from awq_cupy.kernels import GEMM_WG_PEND_TWO_PER_SM
 
@@ -622,13 +623,13 @@ def test_explicit_pend_keeps_one_k_stream(rng):
     Q, Z, S, G = random_layer(rng, K, N, 128)
     w = _weight(Q, Z, S, G, "float16")
     W64 = kernel_weight(Q, Z, S, G, "float16")
-    sms = ops._sm_count(w.device)
-    plan = ops.plan_gemm(M, K, N, G, wgmma=True, sm_count=sms, resident=sms)
-    shape = (plan["token_blocks"], plan["tiles"], plan["depth"])
-    assert plan["ksplit"] == 2 and shape in GEMM_WG_PEND_TWO_PER_SM, plan
+    sms = launch.sm_count(w.device)
+    plan = plans.plan_gemm(M, K, N, G, wgmma=True, sm_count=sms, resident=sms)
+    shape = (plan.token_blocks, plan.tiles, plan.depth)
+    assert plan.ksplit == 2 and shape in GEMM_WG_PEND_TWO_PER_SM, plan
     x = random_x(rng, M, K, "float16")
     y = cp.full((M, N), np.nan, dtype=cp.float16)
-    ops._launch_gemm(cp.asarray(x), w, ops._NULL, y, M, "float16", arch_of_device(w.device), sms, False,
+    launch.run_gemm(cp.asarray(x), w, launch.NULL, y, M, "float16", arch_of_device(w.device), sms, False,
                      wgmma=True, pend=GEMM_WG_PEND_TWO_PER_SM[shape])
     assert_matmul_close(y.get(), x, W64, "float16", what="explicit PEND, planned two K streams")
 
@@ -655,7 +656,7 @@ def test_splitk_reduce_columns_per_thread_give_the_same_bits(rng):
 
 
 def test_wgmma_two_ctas_per_sm_variant_gives_the_same_bits(rng):
-    """The 128-token tile's PEND = 2 variant (ops.wgmma_pend picks it where the grid has more CTAs than SMs) runs
+    """The 128-token tile's PEND = 2 variant (plans.wgmma_pend picks it where the grid has more CTAs than SMs) runs
     the same wgmmas in the same order: bitwise the default variant's result, both against the reference."""
     from awq_cupy.kernels import GEMM_WG_PEND_TWO_PER_SM
 
@@ -706,11 +707,11 @@ def test_capture_of_a_launch_shape_not_seen_yet(rng):
     token count) that has not run yet takes the generic GEMV, already loaded, instead of loading a new module
     during the capture; the replay gives bitwise what the shape-compiled kernel gives afterwards, outside a
     capture."""
-    from awq_cupy import ops
+    from awq_cupy import launch, plans
     from awq_cupy.jit import arch_of_device
 
     K, N = 4096, 1104                                   # this test's own shape: K x N above the threshold
-    if not ops.gemv_specializes(arch_of_device(0), K, N):
+    if not plans.gemv_specializes(arch_of_device(0), K, N):
         pytest.skip("matmul compiles GEMVs per launch shape on compute capability 9.0 only")
     Q, Z, S, G = random_layer(rng, K, N, 128)
     w = _weight(Q, Z, S, G, "float16")
@@ -718,20 +719,20 @@ def test_capture_of_a_launch_shape_not_seen_yet(rng):
     for M in (1, 16):
         x = cp.asarray(random_x(rng, M, K, "float16"))
         awq_cupy.matmul(x, warm)                      # the generic GEMV family is loaded; w's shape is not
-        plan = ops.plan_gemv(M, K, N, G, arch=arch_of_device(0), sm_count=ops._sm_count(0))
-        compiled_before = len(ops._gemv_shape_kernels)
+        plan = plans.plan_gemv(M, K, N, G, arch=arch_of_device(0), sm_count=launch.sm_count(0))
+        compiled_before = len(launch._gemv_shape_kernels)
         y = cp.full((M, N), np.nan, dtype=cp.float16)
         s = cp.cuda.Stream(non_blocking=True)
         with s:
             s.begin_capture()
             awq_cupy.matmul(x, w, out=y)
             g = s.end_capture()
-        assert len(ops._gemv_shape_kernels) == compiled_before, "a module was loaded during the capture"
+        assert len(launch._gemv_shape_kernels) == compiled_before, "a module was loaded during the capture"
         cp.cuda.get_current_stream().synchronize()   # s does not wait for the null stream's fill of y
         g.launch(stream=s)
         s.synchronize()
         eager = awq_cupy.matmul(x, w)                 # now compiled for the shape
-        assert len(ops._gemv_shape_kernels) == compiled_before + 1, plan
+        assert len(launch._gemv_shape_kernels) == compiled_before + 1, plan
         np.testing.assert_array_equal(y.get().view(np.uint16), eager.get().view(np.uint16), err_msg=f"M={M}")
         assert_matmul_close(eager.get(), x.get(), matmul_weight(Q, Z, S, G, "float16", M), "float16",
                             what=f"M={M}")
@@ -741,10 +742,10 @@ def test_chained_calls_with_programmatic_dependent_launch(rng, monkeypatch):
     """Each call reads the previous call's output directly (GEMV, mma.sync GEMM, wgmma GEMM with split-K): with
     programmatic dependent launch (sm_90) a kernel starts before its predecessor ends and must wait for it before
     reading x or writing y. Results equal the plain launches bit for bit, also replayed from a CUDA graph."""
-    from awq_cupy import ops
+    from awq_cupy import plans
     from awq_cupy.jit import arch_of_device
 
-    if not ops.uses_pdl(arch_of_device(0)):
+    if not plans.uses_pdl(arch_of_device(0)):
         pytest.skip("programmatic dependent launch needs compute capability 9.0")
     K = 2048
     layers = []
@@ -762,8 +763,10 @@ def test_chained_calls_with_programmatic_dependent_launch(rng, monkeypatch):
 
         on = chain()
         monkeypatch.setenv("AWQ_CUPY_PDL", "0")
+        settings.reload()
         off = chain()
         monkeypatch.delenv("AWQ_CUPY_PDL")
+        settings.reload()
         assert np.isfinite(off[-1]).all()
         for i, (a, b) in enumerate(zip(on, off)):
             np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=f"layer {i}, M={M}")

@@ -1,0 +1,664 @@
+"""Launch planning: which kernel path a matmul takes, and each kernel's launch plan, as frozen data.
+
+Everything here is a pure function of numbers (the call's M, the weight's K, N and group size, the activation
+dtype, the arch, the SM count) and of the per-process settings (``settings``) and dispatch table (``dispatch``):
+no device is touched, so it is all checked on CPU. ``launch`` turns a plan into prepared kernel launches; ``ops``
+validates the public calls and caches the prepared launches per weight and call shape.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from . import dispatch, settings
+from .settings import GemvShapes
+
+__all__ = ["Path", "GemvPlan", "GemmPlan", "choose_path", "plan_gemv", "plan_gemm", "plan_gemm_launch",
+           "rounds_weights", "uses_cublas", "uses_pdl", "gemv_wide_takes", "cublas_beats_fused"]
+
+
+class Path(enum.Enum):
+    """The kernels a matmul runs: the swapped-operand GEMV, the fused GEMM, or dequantize + cuBLAS."""
+    GEMV = "gemv"
+    GEMM = "gemm"
+    CUBLAS = "cublas"
+
+
+@dataclass(frozen=True)
+class GemvPlan:
+    """Launch plan of the GEMV (kernels_cu/gemv_tc.cu): ``token_blocks`` of 8 rows, ``tiles`` 16-column blocks per
+    warp unit, ``kdepth`` 64-k blocks per unit, ``aligned`` (groups of whole 64-k blocks), ``grid`` CTAs of
+    ``warps`` warps with ``smem`` bytes of dynamic shared memory, over ``NT16`` 16-column blocks."""
+    token_blocks: int
+    tiles: int
+    aligned: bool
+    grid: int
+    NT16: int
+    warps: int
+    smem: int
+    kdepth: int = 1
+
+    @property
+    def scaled(self) -> bool:
+        """Whether this variant multiplies by the rounded weights T((q - z) * s) (kernels.gemv_scaled)."""
+        from .kernels import gemv_scaled
+
+        return gemv_scaled(self.token_blocks, self.tiles, self.kdepth)
+
+    def variant(self, dtype: str) -> str:
+        from .kernels import gemv_variant
+
+        return gemv_variant(dtype, self.token_blocks, self.tiles, self.aligned, self.kdepth)
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """Launch plan of the fused GEMM: the ``wgmma`` kernel (kernels_cu/gemm_wg.cu) or the mma.sync one
+    (gemm_tc.cu); its shape (``token_blocks`` of 8 rows, ``tiles`` 16-column blocks per warp, ``depth`` units in
+    registers), ``aligned`` groups, ``grid`` (column CTAs, splits, token tiles), ``splits`` of ``per`` 64-k units,
+    ``smem`` bytes, ``NT16`` 16-column blocks, ``ksplit`` K streams per CTA; ``pend`` the wgmma PEND variant when
+    not the default (None), ``reduce_cols`` the split-K reduce kernel's columns per thread (0 without a split)."""
+    wgmma: bool
+    token_blocks: int
+    tiles: int
+    depth: int
+    aligned: bool
+    grid: tuple
+    splits: int
+    per: int
+    smem: int
+    NT16: int
+    ksplit: int = 1
+    pend: int | None = None
+    reduce_cols: int = 0
+
+    def variant(self, dtype: str) -> str:
+        from .kernels import gemm_sw_variant, gemm_wg_variant
+
+        if self.wgmma:
+            return gemm_wg_variant(dtype, self.token_blocks, self.tiles, self.depth, self.aligned, self.pend,
+                                   self.ksplit)
+        return gemm_sw_variant(dtype, self.token_blocks, self.tiles, self.depth, self.aligned)
+
+
+def choose_path(M: int, K: int, N: int, group_size: int, dtype: str, arch, sm_count: int, *,
+                batch_invariant: bool = False, capturing: bool = False) -> Path:
+    """The kernels matmul runs for M rows of a K x N weight: the GEMV up to the dispatch row's ``gemv_max_m`` and
+    where ``gemv_wide_takes`` gives it the layer; dequantize + cuBLAS (fp16) where ``cublas_beats_fused``, except
+    while the stream captures a CUDA graph (CuPy cannot capture cuBLAS); else the fused GEMM. Batch-invariant calls
+    always take the fused GEMM."""
+    if batch_invariant:
+        return Path.GEMM
+    if M <= dispatch.for_arch(arch.key).gemv_max_m or gemv_wide_takes(M, K, N, group_size, arch, sm_count, dtype):
+        return Path.GEMV
+    if dtype == "float16" and not capturing and cublas_beats_fused(M, K, N, arch, sm_count):
+        return Path.CUBLAS
+    return Path.GEMM
+
+
+def gemv_shape_args(w, plan: GemvPlan) -> tuple:
+    """The GEMV's arguments after M for weight ``w`` (anything with K, N, KS, NT, NG and group_size): N, K, NT16,
+    KS, G, NG, Np and the fast dividers (gemv_dividers); a variant compiled for one launch shape
+    (kernels.gemv_shape_family) takes them as constants."""
+    from .jit import as_i32
+
+    return ((as_i32(w.N), as_i32(w.K), as_i32(plan.NT16), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG),
+             as_i32(w.NT * 64))
+            + gemv_dividers(plan.grid, plan.NT16, plan.warps, w.KS, w.group_size, plan.kdepth))
+
+
+def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, sm_count: int,
+                     resident: Callable[[str, int], int], *, batch_invariant: bool = False,
+                     tiles: int | None = None, splits: int | None = None, wgmma: bool | None = None,
+                     depth: int | None = None, pend: int | None = None, reduce_cols: int | None = None,
+                     ksplit: int | None = None) -> GemmPlan:
+    """The fused GEMM's whole launch plan for M rows, variant included: the wgmma kernel where ``uses_wgmma``
+    (or ``wgmma``), its shape for M (``gemm_shape_for``), split-K planned over the CTAs the GPU holds at once
+    (``resident(variant, smem)``: CTAs of that kernel one SM holds; batch-invariant calls plan for one per SM so
+    that no variant's occupancy enters), two K streams where ``wgmma_ksplit`` says so, the two-CTAs-per-SM PEND
+    variant where ``wgmma_pend`` does, and the reduce kernel's columns (``reduce_columns``). The other arguments
+    force a choice (for tuning and probes)."""
+    from .kernels import gemm_sw_smem_bytes, gemm_sw_variant, gemm_wg_smem_bytes, gemm_wg_variant
+
+    wg = uses_wgmma(arch, None if batch_invariant else M) if wgmma is None else wgmma
+    nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wg, depth=depth)
+    aligned = aligned_groups(group_size, max(1, K // group_size))
+
+    def planned(variant: str, smem: int, ks) -> GemmPlan:
+        res = sm_count if batch_invariant else resident(variant, smem) * sm_count
+        return plan_gemm(M, K, N, group_size, wgmma=wg, sm_count=sm_count, resident=res, tiles=tw, splits=splits,
+                         batch_invariant=batch_invariant, depth=depth, ksplit=ks)
+
+    chosen_pend = pend
+    if wg:
+        smem = gemm_wg_smem_bytes(nb)
+        if ksplit is None and pend is not None:   # two-stream variants exist for the default PEND only
+            ksplit = 1
+        ks = 1 if ksplit is None else ksplit      # None: the plan chooses (wgmma_ksplit)
+        p = planned(gemm_wg_variant(dtype, nb, tw, depth, aligned, pend, ks), smem, ksplit)
+        two = (wgmma_pend((nb, tw, depth), math.prod(p.grid), sm_count, batch_invariant)
+               if pend is None and p.ksplit == 1 else None)
+        if two is not None:
+            chosen_pend = two
+            p = planned(gemm_wg_variant(dtype, nb, tw, depth, aligned, two), smem, 1)
+    else:
+        p = planned(gemm_sw_variant(dtype, nb, tw, depth, aligned), gemm_sw_smem_bytes(nb), 1)
+    cols = 0
+    if p.splits > 1:
+        cols = reduce_columns(M, N, sm_count) if reduce_cols is None else reduce_cols
+    return dataclasses.replace(p, pend=chosen_pend if wg else None, reduce_cols=cols)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# matmul
+# ----------------------------------------------------------------------------------------------------------------
+_MIN_STAGES_PER_SPLIT = 4    # each split gets at least 4 x 64 k (default of plan_splits)
+
+
+# Split-K cost model (H200, 2026-11-30): units per CTA x the kernel's unit time (``stage_us``) x the load of the
+# busiest SM, plus each split's fp32 partials (8 bytes per output at _PARTIAL_TBPS) and _REDUCE_US for the reduce
+# kernel. The unit time of the v1 GEMM was ~1.75 us whatever the m-block count (latency-bound); the v12 kernels
+# pass their own (_unit_us). CTAs sharing an SM each run slower: k co-resident CTAs take 1 + share x (k - 1) times
+# as long as one alone. For the mma.sync GEMM share = _SHARE (fitted to the v14 sweeps,
+# results/h200_gemm_sweep_v14.txt: Mistral-7B o at M = 128 with two CTAs per SM, 4 splits = 128 CTAs on 132 SMs
+# 20.4 us, 5 splits = 160 CTAs 23.3 us, 8 splits 21.6 us; counting the two resident CTAs as independent slots, as
+# before, picked 5). The wgmma GEMM's constants (_WG_UNIT_US, _WG_SHARE) and the partials / reduce terms were
+# refitted in v22 (bench/NOTES.md; results/h200_gemm_ab_splits_v22.txt: o, qkv and down at M = 32..128 with 2..16
+# splits, after the reduce kernel got faster): the summed regret of the planned split against the best measured
+# one fell from 9.3 to 1.3 us over those 15 cases (o at M = 48 and 64 took 4 splits, 15.7 / 16.3 us, where 8 run
+# in 11.9 / 12.8).
+_STAGE_US, _PARTIAL_TBPS, _REDUCE_US, _SHARE = 1.75, 4.0, 4.0, 0.3
+
+
+# wgmma: a unit's floor, the 256-token tile's unit with one block per warp (as the dispatch row's fused_unit_us),
+# the co-residence share
+_WG_UNIT_US, _WG_UNIT_US_256, _WG_SHARE = 0.5, 0.78, 0.1
+
+
+def plan_splits(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: int = 1, Np: int = 64,
+                stage_us: float = _STAGE_US, min_per: int = _MIN_STAGES_PER_SPLIT, per_sm: int = 1,
+                share: float = _SHARE) -> tuple[int, int]:
+    """(splits, stages_per_split) for a grid of n_ctas x m_tiles CTAs over K_stages 64-k stages, when the GPU
+    holds ``resident`` CTAs at once, ``per_sm`` on each SM: the split count with the least modelled time (stages
+    per CTA x stage time x the busiest SM's load, plus the partial sums' traffic and the reduce kernel when
+    split); at least ``min_per`` stages per split; ``share``: the slowdown per co-resident CTA."""
+    return split_cost(K_stages, n_ctas, m_tiles, resident=resident, M=M, Np=Np, stage_us=stage_us, min_per=min_per,
+                      per_sm=per_sm, share=share)[1:]
+
+
+@functools.lru_cache(maxsize=4096)
+def split_cost(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: int = 1, Np: int = 64,
+               stage_us: float = _STAGE_US, min_per: int = _MIN_STAGES_PER_SPLIT,
+               per_sm: int = 1, share: float = _SHARE) -> tuple[float, int, int]:
+    """(modelled us, splits, stages per split) of ``plan_splits``' choice. Memoised: the search over split counts
+    costs ~50 us of host time, and ``matmul`` asks for the same shapes call after call."""
+    base = n_ctas * m_tiles
+    per_sm = max(1, per_sm)
+    sms = max(1, resident // per_sm)
+    best = None
+    for splits in range(1, max(1, K_stages // min_per) + 1):
+        per = -(-K_stages // splits)
+        real = -(-K_stages // per)              # splits that actually get stages
+        ctas = base * real
+        k = -(-ctas // sms)                     # CTAs the busiest SM runs over the whole grid
+        if k <= per_sm:                         # all resident at once, k of them sharing that SM
+            t = per * stage_us * (1 + share * (k - 1))
+        else:                                   # waves of full SMs
+            t = -(-ctas // resident) * per * stage_us * (1 + share * (per_sm - 1))
+        if real > 1:
+            t += real * M * Np * 8 / (_PARTIAL_TBPS * 1e6) + _REDUCE_US
+        if best is None or t < best[0] - 1e-9:
+            best = (t, real, per)
+    return best
+
+
+
+def rounds_weights(M: int, batch_invariant: bool = False, arch_key: str = "90", *, K: int | None = None,
+                   N: int | None = None, group_size: int | None = None, dtype: str = "float16",
+                   sm_count: int = 132) -> bool:
+    """Whether matmul at this M multiplies x by the weights rounded to x's dtype, T((q - z) * s) (like
+    ``dequantize``), or by the exact (q - z) * s with the scale applied to fp32 group sums (the GEMV). At GEMV
+    sizes that depends on the launch plan (kernels.gemv_scaled: the pairs at two token blocks round), and beyond
+    the table's ``gemv_max_m`` on whether ``gemv_wide_takes`` gives the layer to the GEMV (exact) or the GEMM, so
+    give the weight's K, N, group size, the activations' dtype and the GPU's SM count; without K and N the answer
+    is the other GEMV variants' (exact) up to ``gemv_max_m`` and the GEMM's beyond it."""
+    from .jit import ARCHS
+
+    if batch_invariant:
+        return True
+    if M > dispatch.for_arch(arch_key).gemv_max_m:
+        if K is None or N is None or arch_key not in ARCHS:
+            return True
+        return not gemv_wide_takes(M, K, N, K if group_size is None else group_size, ARCHS[arch_key], sm_count,
+                                   dtype)
+    if K is None or N is None:
+        return False
+    p = plan_gemv(M, K, N, K if group_size is None else group_size, arch=ARCHS[arch_key], sm_count=sm_count,
+                  dtype=dtype)
+    return p.scaled
+
+
+def uses_cublas(M: int, dtype: str, arch_key: str = "90", batch_invariant: bool = False, *, K: int | None = None,
+                N: int | None = None, sm_count: int = 132) -> bool:
+    """Whether matmul at this M (outside graph capture) takes the dequantize + cuBLAS path: for a K x N weight
+    when both are given, else whether it may for some shape (M at least the table's ``cublas_min_m``)."""
+    from .jit import ARCHS
+
+    if batch_invariant or dtype != "float16":
+        return False
+    if K is None or N is None or arch_key not in ARCHS:
+        return M >= dispatch.for_arch(arch_key).cublas_min_m
+    return cublas_beats_fused(M, K, N, ARCHS[arch_key], sm_count)
+
+
+def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> bool:
+    """Dequantize + cuBLAS rather than the fused GEMM for M rows of a K x N weight on ``arch``: from the dispatch
+    row's ``cublas_min_m`` on, for every shape, or, where the row has a cost model (and the fused GEMM is the
+    wgmma one), where the model says so. The fused GEMM's modelled time is ``split_cost`` of its 256-token tile
+    with the row's unit time and one CTA per SM (the shape M >= 256 runs); dequantize + cuBLAS costs K x N x 2.5
+    bytes (int4 in, fp16 out) at ``dequant_tbps`` plus 2 M K N flops at ``cublas_tflops``."""
+    from .kernels import GEMM_WARPS
+    from .layout import padded_sizes
+
+    row = dispatch.for_arch(arch.key)
+    if M < row.cublas_min_m:
+        return False
+    if not row.has_cost_model or not uses_wgmma(arch, M):
+        return True
+    nb, tw, _ = gemm_shape_for(M, wgmma=True)
+    Kp, Np = padded_sizes(K, N)
+    fused = split_cost(Kp // 64, -(-(Np // 16) // (GEMM_WARPS * tw)), -(-M // (8 * nb)), resident=sm_count, M=M,
+                       Np=Np, stage_us=row.fused_unit_us, min_per=2, per_sm=1)[0]
+    dense = K * N * 2.5 / (row.dequant_tbps * 1e6) + 2.0 * M * K * N / (row.cublas_tflops * 1e6)
+    return dense < fused
+
+
+def gemv_tiles_for(M: int, NT16: int, grid: int, dtype: str = "float16", slot: dict | None = None) -> int:
+    """16-column blocks per GEMV warp unit: the variant whose padded blocks per CTA (a CTA takes its blocks TW at a
+    time), each at its relative slot time, cost least; the larger unit on a tie; single blocks when a CTA has only
+    one. ``slot`` ({tiles: time}) defaults to the H200's for ``dtype`` and M's token blocks
+    (``dispatch.H200_GEMV_SLOT``; ``plan_gemv`` passes the dispatch row's). On the H200 (bench/gemv_sweep.py,
+    bench/NOTES.md v16, v23, v24): up to 8 tokens pairs at 2 and 5 blocks per CTA, threes at 3, fours at 4, 14 and
+    28; at 9..16 tokens pairs at 2, threes at 3, 5 and 14, fours at 4 and 28 (bf16: pairs at 2 and 5, fours
+    otherwise). Measured at 3 blocks per CTA (Mistral-7B qkv, fp16, us): M = 1 fours 7.4, threes 6.7; M = 16 fours
+    9.5, threes 8.8."""
+    most = -(-NT16 // grid)
+    if most < 2:
+        return 1
+    return gemv_tiles_by_slot(most, slot if slot is not None else dispatch.default_gemv_slot(dtype, -(-M // 8)))
+
+
+def gemv_tiles_by_slot(most: int, slot: dict[int, float]) -> int:
+    """``gemv_tiles_for``'s rule for a CTA of ``most`` blocks: the tiles whose padded slots cost least at ``slot``'s
+    times, the larger on a tie."""
+    return min(slot, key=lambda tw: (-(-most // tw) * tw * slot[tw], -tw))
+
+
+def gemv_kdepth_for(NT16: int, grid: int, tiles: int, slot: dict[int, float], kd2: float | None,
+                    aligned: bool = True) -> int:
+    """64-k blocks per GEMV unit: 2 (the pair variant with two blocks per unit) where its padded block slots at
+    time ``kd2`` (the dispatch row's ``gemv_kd2_for``) cost less than those of ``tiles`` (``gemv_tiles_for``'s
+    choice) at ``slot``'s, for groups of whole 64-k blocks; else 1 (also when ``kd2`` is None)."""
+    if kd2 is None or not aligned:
+        return 1
+    return gemv_kdepth_by_slot(-(-NT16 // grid), tiles, slot, kd2)
+
+
+def gemv_kdepth_by_slot(most: int, tiles: int, slot: dict[int, float], kd2: float) -> int:
+    """``gemv_kdepth_for``'s rule for a CTA of ``most`` blocks whose tiles rule chose ``tiles``: 2 where the pairs'
+    padded slots at ``kd2`` cost less than the chosen tiles' at ``slot``'s times, else 1."""
+    if tiles < 2 or tiles not in slot:
+        return 1
+    return 2 if -(-most // 2) * 2 * kd2 < -(-most // tiles) * tiles * slot[tiles] else 1
+
+
+def aligned_groups(group_size: int, NG: int) -> bool:
+    """Whether the scale groups are whole 64-k blocks (or there is one group): the kernels' GA variants."""
+    return group_size % 64 == 0 or NG == 1
+
+
+def gemv_grid(N: int, sm_count: int) -> tuple[int, int]:
+    """(16-column blocks, CTAs) of the GEMV for N output channels: one CTA per SM, at most one per block."""
+    from .layout import padded_sizes
+
+    NT16 = padded_sizes(64, N)[1] // 16
+    return NT16, max(1, min(NT16, sm_count))
+
+
+def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: int = 132,
+              tiles: int | None = None, warps: int | None = None, dtype: str = "float16",
+              kdepth: int | None = None) -> GemvPlan:
+    """Launch plan of the GEMV for M <= 32 tokens on ``arch`` (a jit.Arch; default sm_90). One CTA per SM (at most one per 16-column block) of the
+    variant's warp count. ``tiles`` (blocks per warp unit) and ``kdepth`` (64-k blocks per unit) default to
+    ``gemv_tiles_for`` (with the dispatch row's slot times for the activations' ``dtype``) and ``gemv_kdepth_for``;
+    given ``tiles``, ``kdepth`` defaults to 1, and ``kdepth`` 2 alone means pairs. ``warps`` overrides the warp
+    count (for tuning). The plan depends on (M, K, N, G), the dtype and the GPU, and so does the summation order.
+    Three and four token blocks (17..32 rows) exist on compute capability 9.0 for groups of whole 64-k blocks
+    (kernels.gemv_shapes); matmul runs them where ``gemv_wide_takes`` says so."""
+    from .jit import ARCHS
+    from .kernels import GEMV_KD2_SHAPES, GEMV_TOKEN_BLOCKS, gemv_max_warps, gemv_shapes, gemv_smem_bytes
+
+    arch = ARCHS["90"] if arch is None else arch
+    nb = -(-M // 8)
+    if M < 1 or nb not in GEMV_TOKEN_BLOCKS:
+        raise ValueError(f"no GEMV variant for M={M} (1 to {8 * max(GEMV_TOKEN_BLOCKS)} rows)")
+    NT16, grid = gemv_grid(N, sm_count)
+    aligned = aligned_groups(group_size, max(1, K // group_size))
+    shapes = gemv_shapes(arch, aligned)
+    if not any(s[0] == nb for s in shapes):
+        raise ValueError(f"no GEMV variant for M={M} on {arch.target} with group size {group_size}: more than "
+                         f"16 rows need compute capability 9.0 and groups of whole 64-k blocks")
+    if tiles is None and kdepth == 2:
+        tw = 2                                   # the two-k-block variants are pairs
+    elif tiles is None:
+        row = dispatch.for_arch(arch.key)
+        slot = _gemv_slot_for(row, dtype, nb, shapes)
+        tw = gemv_tiles_for(M, NT16, grid, slot=slot)
+        if (nb, tw) not in shapes:   # single blocks at three token blocks: the pairs, their second block missing
+            tw = min(t for n, t in shapes if n == nb and t > tw)
+        if kdepth is None:
+            kd2 = row.gemv_kd2_for(dtype, nb) if (nb, 2) in GEMV_KD2_SHAPES else None
+            kdepth = gemv_kdepth_for(NT16, grid, tw, slot, kd2, aligned)
+            tw = 2 if kdepth == 2 else tw
+    else:
+        tw = tiles
+    if (nb, tw) not in shapes:
+        raise ValueError(f"tiles={tw} is not a GEMV variant for M={M}; instantiated (token blocks, tiles) on "
+                         f"{arch.target}{'' if aligned else ' for groups that split a 64-k block'}: {shapes}")
+    kd = 1 if kdepth is None else kdepth
+    if kd != 1 and (kd != 2 or (nb, tw) not in GEMV_KD2_SHAPES or not aligned):
+        raise ValueError(f"kdepth={kdepth}: 1, or 2 for (token blocks, tiles) in {GEMV_KD2_SHAPES} with groups of "
+                         f"whole 64-k blocks (G={group_size})")
+    most = gemv_max_warps(nb, tw, arch, aligned, kd)
+    w = most if warps is None else warps
+    if not 1 <= w <= most:
+        raise ValueError(f"warps={warps}: the GEMV variant for M={M}, tiles={tw}, G={group_size} runs 1 to {most} "
+                         f"warps per CTA")
+    return GemvPlan(token_blocks=nb, tiles=tw, aligned=aligned, grid=grid, NT16=NT16, warps=w,
+                    smem=gemv_smem_bytes(w, nb, tw), kdepth=kd)
+
+
+def _gemv_slot_for(row, dtype: str, nb: int, shapes) -> dict[int, float]:
+    """The dispatch row's GEMV slot times for ``nb`` token blocks, less the tiles not instantiated there."""
+    slot = {tw: t for tw, t in row.gemv_slot_for(dtype, nb).items() if (nb, tw) in shapes}
+    return slot or {max(tw for n, tw in shapes if n == nb): 1.0}
+
+
+# Beyond 16 rows (three and four token blocks) matmul runs the GEMV on weights of at most GEMV_WIDE_SMALL elements
+# up to the dispatch row's gemv_wide_max_m, and on larger ones up to GEMV_WIDE_THREES_MAX_M rows where the GEMV's
+# plan has three or four blocks per unit (gemv_wide_takes).
+GEMV_WIDE_SMALL = 1 << 25
+
+
+GEMV_WIDE_THREES_MAX_M = 24
+
+
+def gemv_wide_takes(M: int, K: int, N: int, group_size: int, arch, sm_count: int = 132,
+                    dtype: str = "float16") -> bool:
+    """Whether matmul runs the GEMV's three- or four-token-block variant for M rows of a K x N weight on ``arch``
+    instead of the GEMM: for 16 < M <= the dispatch row's ``gemv_wide_max_m`` (and above its ``gemv_max_m``), on
+    compute capability 9.0 with groups of whole 64-k blocks and more 16-column blocks than CTAs (the measured
+    layers have 2 to 28 per CTA), where K x N <= GEMV_WIDE_SMALL, or M <= 24 and the GEMV's plan takes three or
+    four blocks per unit.
+
+    Measured on the H200 (bench/results/h200_gemv_wide_sweep_v40.txt, bench/NOTES.md v41): it picks the faster of
+    the two on all 56 layer rows of Mistral-7B at M = 17..32 (fp16; 17, 24 and 32 bf16) and Llama-2-70B at M = 17,
+    24, 32 (fp16 and bf16; bf16 o at M = 17 a tie, 18.49 against 18.51 us). The GEMV's fixed cost is lower, the
+    GEMM's cost per weight: the GEMV won on the small layers at every M (Mistral-7B qkv M = 32 9.8 against 12.2
+    us), on the large ones up to 24 rows where its units have three or four blocks (Llama-2-70B gate_up M = 24
+    98.4 against 121.4), and lost where the units are pairs (Mistral-7B down: two blocks per CTA, M = 24 21.5
+    against 19.7) or at 25..32 rows (Mistral-7B gate_up M = 32 34.8 against 33.8)."""
+    row = dispatch.for_arch(arch.key)
+    if not max(row.gemv_max_m, dispatch.GEMV_LIMIT) < M <= row.gemv_wide_max_m or arch.cc < 90:
+        return False
+    NT16, grid = gemv_grid(N, sm_count)
+    if not aligned_groups(group_size, max(1, K // group_size)) or NT16 <= grid:
+        return False   # (one block per CTA: not measured; the GEMM)
+    if K * N <= GEMV_WIDE_SMALL:
+        return True
+    if M > GEMV_WIDE_THREES_MAX_M:
+        return False
+    from .kernels import gemv_shapes
+
+    return gemv_tiles_for(M, NT16, grid, slot=_gemv_slot_for(row, dtype, -(-M // 8), gemv_shapes(arch))) >= 3
+
+
+def uses_pdl(arch) -> bool:
+    """Whether awq_cupy's GEMV / GEMM kernels launch with programmatic dependent launch on ``arch`` (compute
+    capability 9.0+, unless AWQ_CUPY_PDL=0): a kernel may then start while the previous kernel of the stream
+    finishes (when that kernel allows it: only awq_cupy's own do) and request its first weights meanwhile; it
+    reads x and workspaces and writes only once the previous kernel has completed (kernels_cu/common.cuh). The
+    weights must therefore not be written by the awq_cupy kernel launched just before."""
+    return arch.cc >= 90 and settings.current().pdl
+
+
+def fastdiv(d: int) -> np.uint64:
+    """Kernel parameter for dividing by ``d`` (1 <= d < 2^31) in common.cuh ``fastdiv``: m | s << 32 with
+    s = 31 + ceil(log2 d) and m = ceil(2^s / d), so that floor(n / d) = (n * m) >> s for every 0 <= n < 2^31
+    (Granlund and Montgomery: m * d - 2^s < d <= 2^(s - 31))."""
+    d = int(d)
+    if not 1 <= d < 2**31:
+        raise ValueError(f"fastdiv: divisor {d} must be 1 to 2^31 - 1")
+    s = 31 + (d - 1).bit_length()
+    m = -(-(1 << s) // d)
+    assert m < 2**32
+    return np.uint64(m | s << 32)
+
+
+# Weights of at least this many elements (K x N) get a GEMV compiled for their launch shape (gemv_specializes).
+GEMV_SHAPE_MIN_WEIGHTS = 1 << 22
+
+
+def gemv_specializes(arch, K: int, N: int) -> bool:
+    """Whether matmul's GEMV for a K x N weight on ``arch`` runs a variant compiled for its launch shape
+    (kernels.gemv_shape_family: constant index arithmetic, no parameter loads in the loop; outputs bitwise the
+    same as the generic kernel's). Compute capability 9.0 (measured there: H200, Mistral-7B M = 1 sum 42.0 -> 40.6
+    us, bench/NOTES.md v31) for weights of at least GEMV_SHAPE_MIN_WEIGHTS elements, so that the one compile per
+    shape (~0.3-0.5 s, then the disk cache) goes to model-sized layers. AWQ_CUPY_GEMV_SHAPES=0 never, =1 at any
+    size (on 9.0)."""
+    mode = settings.current().gemv_shapes
+    if arch.cc != 90 or mode is GemvShapes.NEVER:
+        return False
+    return mode is GemvShapes.ALWAYS or K * N >= GEMV_SHAPE_MIN_WEIGHTS
+
+
+# The token counts a shape-compiled GEMV is compiled for as well (AWQ_GEMV_M; H200, bench/NOTES.md v32, outputs the
+# same bits). M = 16: every benchmark layer, Mistral-7B sum 55.9 -> 55.0 us (fp16), 58.4 -> 58.0 (bf16), Llama-2-70B
+# 169.1 -> 167.8. M = 1: a fixed cost of ~0.1-0.2 us per call against ~1% off the loop, so only for weights of at
+# least GEMV_M1_MIN_WEIGHTS elements (Mistral-7B gate_up -0.2 us, Llama-2-70B's layers -0.1 to -1.1; below it
+# Mistral-7B qkv +0.2, o +0.1, down +0.1). Not M = 8 (+0.0 to +0.1).
+GEMV_M1_MIN_WEIGHTS = 1 << 26
+
+
+def gemv_compiled_tokens(M: int | None, K: int, N: int) -> int | None:
+    """The token count a shape-compiled GEMV for M rows of a K x N weight is compiled for too, or None."""
+    return M if M == 16 or (M == 1 and K * N >= GEMV_M1_MIN_WEIGHTS) else None
+
+
+@functools.lru_cache(maxsize=1024)
+def gemv_dividers(grid: int, NT16: int, warps: int, KS: int, group_size: int, kdepth: int = 1) -> tuple:
+    """The GEMV's fastdiv parameters (by its grid, warps per CTA, units per column group = ceil(64-k blocks /
+    kdepth) and group size), cached per launch shape; the numerators (CTA index x 16-column blocks, 64 x the k
+    blocks) must stay below 2^31."""
+    if (grid + 1) * NT16 >= 2**31 or 64 * KS >= 2**31:
+        raise ValueError(f"GEMV: {NT16} column blocks x {grid} CTAs or K = {64 * KS} too large "
+                         f"for 32-bit index arithmetic")
+    return (fastdiv(grid), fastdiv(warps), fastdiv(-(-KS // kdepth)), fastdiv(group_size))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The fused GEMM (v12): register-fed weights, x through shared memory; wgmma (kernels_cu/gemm_wg.cu) or mma.sync
+# (kernels_cu/gemm_tc.cu awq_gemm_sw_kernel)
+# ----------------------------------------------------------------------------------------------------------------
+def _unit_us(token_blocks: int, tiles: int, wgmma: bool) -> float:
+    """Modelled time of one 64-k unit of one GEMM CTA on the H200 (running alone on its SM).
+    wgmma (v22 fit): the larger of a ~0.5 us floor (the unit's barrier, x copy and first weight latency) and its
+    tensor work, 0.78 us for the 256-token tile with one block per warp (dispatch row fused_unit_us), in proportion
+    to tokens x blocks per warp. mma.sync (v12): the larger of its weight stream (8 warps x tiles x 512 B at ~27 GB/s
+    per SM) and its tensor work (2 x 128 tiles channels x 8 token blocks tokens x 64 k at the measured ~2.5 TFLOP/s
+    per SM), plus a fixed ~0.1 us (barrier, first latency)."""
+    if wgmma:
+        return max(_WG_UNIT_US, _WG_UNIT_US_256 * token_blocks * tiles / 32)
+    mem = 8 * tiles * 512 / 27e3
+    flops = 2 * 128 * tiles * 8 * token_blocks * 64
+    return max(mem, flops / 2.5e6) + 0.1
+
+
+def has_wgmma(arch) -> bool:
+    """Whether ``arch`` has the warpgroup-MMA GEMM (kernels_cu/gemm_wg.cu, built for sm_90a): compute capability
+    9.0, unless AWQ_CUPY_WGMMA=0."""
+    return arch.cc == 90 and settings.current().wgmma
+
+
+def uses_wgmma(arch, M: int | None = None) -> bool:
+    """Whether the fused GEMM for M rows is the wgmma kernel on ``arch``: it has one and M >= the dispatch table's
+    ``wgmma_min_m`` (``M=None``: for any M, as batch-invariant matmul runs one kernel for all)."""
+    if not has_wgmma(arch):
+        return False
+    first = dispatch.for_arch(arch.key).wgmma_min_m
+    return first is not None and (M is None or M >= first)
+
+
+def _gemm_table(wgmma: bool):
+    from .kernels import GEMM_DEFAULT, GEMM_SHAPES, GEMM_WG_DEFAULT, GEMM_WG_SHAPES
+
+    return (GEMM_WG_SHAPES, GEMM_WG_DEFAULT) if wgmma else (GEMM_SHAPES, GEMM_DEFAULT)
+
+
+def gemm_token_tile(M: int, wgmma: bool = False) -> int:
+    """Rows per CTA of the GEMM for M rows: the smallest token tile that holds M (the largest when none does; M
+    then takes several token tiles)."""
+    tiles = sorted(_gemm_table(wgmma)[1])
+    return next((t for t in tiles if t >= M), tiles[-1])
+
+
+def gemm_shape_for(M: int, tiles: int | None = None, *, wgmma: bool = False,
+                   depth: int | None = None) -> tuple[int, int, int]:
+    """(token blocks of 8, 16-column blocks per warp, units in registers) of the GEMM for M rows: the default shape
+    of M's token tile, or the instantiated one with ``tiles`` column blocks per warp (and ``depth`` units)."""
+    shapes, default = _gemm_table(wgmma)
+    tile = gemm_token_tile(M, wgmma)
+    for s in (default[tile],) + shapes:
+        if 8 * s[0] == tile and tiles in (None, s[1]) and depth in (None, s[2]):
+            return s
+    what = f"tiles={tiles}" + (f", depth={depth}" if depth is not None else "")
+    raise ValueError(f"{what} is not a GEMM variant for M={M} (token tile {tile}); instantiated "
+                     f"(token blocks, tiles, depth): {shapes}")
+
+
+def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, sm_count: int = 132,
+              resident: int | None = None, tiles: int | None = None, splits: int | None = None,
+              batch_invariant: bool = False, depth: int | None = None, ksplit: int | None = None) -> GemmPlan:
+    """Launch plan of the GEMM (wgmma: the sm_90a kernel, else the mma.sync one), with the default PEND variant.
+    ``resident`` = CTAs the GPU holds at once (default one per
+    SM). Split-K from ``plan_splits`` with the unit-time model unless ``splits`` is given. ``batch_invariant``: the
+    split count is planned for one 16-row token tile whatever M is, so a row's result does not depend on M.
+    ``ksplit``: K streams per CTA of the wgmma GEMM (1 or 2); None chooses by ``wgmma_ksplit``."""
+    from .kernels import GEMM_WARPS, gemm_sw_smem_bytes, gemm_wg_smem_bytes
+    from .layout import padded_sizes
+
+    if M < 1:
+        raise ValueError(f"M={M}: the GEMM needs at least one row")
+    nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wgmma, depth=depth)
+    if ksplit is None:
+        one = plan_gemm(M, K, N, group_size, wgmma=wgmma, sm_count=sm_count, resident=resident, tiles=tiles,
+                        splits=splits, batch_invariant=batch_invariant, depth=depth, ksplit=1)
+        if wgmma_ksplit(one, wgmma, batch_invariant, splits is not None) == 1:
+            return one
+        ksplit, splits = 2, 1
+    if ksplit not in (1, 2) or (ksplit == 2 and not wgmma):
+        raise ValueError(f"ksplit={ksplit}: 1, or 2 (two K streams per CTA) for the wgmma GEMM")
+    Kp, Np = padded_sizes(K, N)
+    NT16, KS = Np // 16, Kp // 64
+    n_ctas = -(-NT16 // (GEMM_WARPS // ksplit * tw))   # ksplit = 2: each warpgroup covers all the CTA's channels
+    m_tiles = -(-M // (8 * nb))
+    res = sm_count if resident is None else resident
+    share = _WG_SHARE if wgmma else _SHARE
+    if splits is not None:
+        if not 1 <= splits <= KS:
+            raise ValueError(f"splits={splits} must be 1 to {KS} (the 64-k units of K={K})")
+        per = -(-KS // splits)
+        splits = -(-KS // per)
+    elif batch_invariant:   # planned as for the smallest token tile, whatever M and this M's shape are
+        nb1, tw1, _ = gemm_shape_for(1, wgmma=wgmma)
+        splits, per = plan_splits(KS, -(-NT16 // (GEMM_WARPS * tw1)), 1, resident=res, M=8 * nb1, Np=Np,
+                                  stage_us=_unit_us(nb1, tw1, wgmma), min_per=2, per_sm=res // sm_count,
+                                  share=share)
+    else:   # two K streams run a CTA's units two at a time
+        splits, per = plan_splits(KS, n_ctas, m_tiles, resident=res, M=M, Np=Np,
+                                  stage_us=_unit_us(nb, tw, wgmma) / ksplit, min_per=2 * ksplit,
+                                  per_sm=res // sm_count, share=share)
+    NG = max(1, K // group_size)
+    smem = gemm_wg_smem_bytes(nb) if wgmma else gemm_sw_smem_bytes(nb)
+    return GemmPlan(wgmma=bool(wgmma), token_blocks=nb, tiles=tw, depth=depth, aligned=aligned_groups(group_size, NG),
+                    grid=(n_ctas, splits, m_tiles), splits=splits, per=per, smem=smem, NT16=NT16, ksplit=ksplit)
+
+
+# Two K streams per CTA replace a two-way split-K on token tiles of at least _KSPLIT_MIN_NB blocks of 8 when each
+# stream has at most _KSPLIT_MAX_UNITS 64-k units.
+_KSPLIT_MIN_NB = 16
+_KSPLIT_MAX_UNITS = 16
+
+
+def wgmma_ksplit(plan: GemmPlan, wgmma: bool, batch_invariant: bool = False, forced_splits: bool = False) -> int:
+    """K streams per CTA for a one-stream GEMM ``plan``: 2 where it splits K two ways on a token tile of 128 or more
+    and each stream would run at most 16 units (K <= 4096), else 1. Two streams run the same CTAs (twice the column
+    tiles of half the channels) with one split: no fp32 partials and no reduce kernel, but each unit's x tile is
+    copied for 64 channels instead of 128 and each stream has half the x slots, so the saving is fixed and the
+    cost grows with the units. Measured (H200, bench/NOTES.md v23, us): Mistral-7B qkv M = 256 32.7 -> 29.6, o M =
+    512 34.8 -> 31.3, qkv M = 128 22.8 -> 22.5 (16 units per stream); with more it won little or lost: Mistral-7B
+    down (56 units) M = 512 94.6 -> 92.5, Llama-2-70B o (32) M = 128 36.5 -> 38.9, M = 256 55.7 -> 54.4, down (112)
+    M = 128 108.2 -> 122.1, M = 256 168.3 -> 176.4. Where four splits became two it lost or tied (Mistral-7B o M =
+    128 16.1 -> 17.1, down M = 128 33.7 -> 38.0), and without a split to replace it lost more (gate_up M = 256
+    96.9 -> 113.7). Batch-invariant calls and forced split counts keep one stream."""
+    if not wgmma or batch_invariant or forced_splits:
+        return 1
+    if plan.splits != 2 or plan.token_blocks < _KSPLIT_MIN_NB:
+        return 1
+    return 2 if plan.per <= 2 * _KSPLIT_MAX_UNITS else 1
+
+
+def wgmma_pend(shape: tuple[int, int, int], ctas: int, sm_count: int, batch_invariant: bool = False) -> int | None:
+    """The wgmma GEMM's PEND variant other than the default for ``shape`` (kernels.GEMM_WG_PEND_TWO_PER_SM), or
+    None: the shape's two-CTAs-per-SM variant where the default's planned grid has more CTAs than SMs (one CTA
+    per SM keeps the deeper wgmma queue). Both run the same wgmmas in the same order (same bits); batch-invariant
+    calls keep the default."""
+    from .kernels import GEMM_WG_PEND_TWO_PER_SM
+
+    two = GEMM_WG_PEND_TWO_PER_SM.get(tuple(shape))
+    return two if two is not None and not batch_invariant and ctas > sm_count else None
+
+
+def reduce_columns(M: int, N: int, sm_count: int) -> int:
+    """Columns per thread of the split-K reduce kernel for an M x N output: 8 while that still gives every SM four
+    blocks of 256 threads, else 4 while it gives two, else 2 (a small output needs the threads for its loads in
+    flight). H200, Mistral-7B (bench/NOTES.md v22): o at M = 256 (four blocks per SM with 4 columns, two with 8)
+    23.2 us with 4 against 24.6 with 8; M = 512 34.8 with 8, 35.6 with 4; down at M = 64 24.5 with 2, 25.4 with 4."""
+    if M * N // 8 >= 4 * 256 * sm_count:
+        return 8
+    if M * N // 4 >= 2 * 256 * sm_count:
+        return 4
+    return 2
+
+
+def x_tile_chunks(M: int, K: int, BM: int) -> int:
+    """16-byte chunks of the wgmma GEMM's x tiles for M rows of K (token tiles of BM rows, 64-k units): what
+    awq_tile_x_kernel writes. Its index arithmetic (shifts by BM, a power of two, and one 32-bit multiply-shift
+    division of the (token tile, unit) index) needs fewer than 2^31 (token tile, unit) pairs, i.e. M x K below
+    2^41 elements with 16-token tiles (2^45 with 256-token ones); beyond that a clear error."""
+    if BM < 8 or BM & (BM - 1):
+        raise ValueError(f"x tiles: the token tile ({BM} rows) must be a power of two of at least 8")
+    pairs = -(-M // BM) * -(-K // 64)
+    if pairs >= 2**31:
+        raise ValueError(f"x has {M} rows of K={K}: the fused GEMM's x tile pass handles fewer than 2^31 (token "
+                         f"tile, 64-k unit) pairs ({pairs} here); split the rows into smaller calls")
+    return pairs * BM * 8
+
+
+_sm_counts: dict = {}
