@@ -310,6 +310,8 @@ def run_host(ms=DECODE_M, K: int = 4096, N: int = 6144) -> list[dict]:
         r["bound_out"] = host_us(lambda: bound(x, out=y))
         r["cupy_matmul_fp16"] = host_us(lambda: cupy.matmul(x, dense, out=y))
         r["cupy_rawkernel_18_args"] = host_us(lambda: probe((1,), (32,), args18))
+        pc = w._calls[(M, cupy.cuda.get_current_stream().ptr, False, False)]   # what matmul_out launched
+        r["prepared_fire"] = host_us(pc.launches[0].fire)                       # its launch alone, no checks
         r["cuLaunchKernelEx_prebuilt"] = host_us(floor.fire)
         r["cuLaunchKernelEx_patched"] = host_us(patched)
         rows.append(r)

@@ -249,12 +249,12 @@ def workspace(nfloats: int, device_id: int, stream: int, what: str = "partials")
 # Prepared calls
 # ----------------------------------------------------------------------------------------------------------------
 class PreparedCall:
-    """The launches of one matmul call shape, bound to one weight, stream and workspace. ``run(x, y, bias)``
+    """The launches of one matmul call shape, bound to one weight, stream and workspace. ``run(x, y, bias=0)``
     (device pointers) patches each launch's x, output and bias slots and fires them in order. ``path`` says which
     kernels; a ``Path.CUBLAS`` call has no launches (``ops`` runs dequantize + cuBLAS itself). ``capture_safe``:
     nothing in it loads a module, allocates or calls cuBLAS, so it may run while the stream captures a graph."""
 
-    __slots__ = ("path", "plan", "launches", "_x", "_y", "_b", "capture_safe", "_lock")
+    __slots__ = ("path", "plan", "launches", "_x", "_y", "_b", "capture_safe", "_lock", "run")
 
     def __init__(self, path: Path, plan, launches=(), x_slots=(), y_slots=(), b_slots=()):
         self.path, self.plan, self.launches = path, plan, tuple(launches)
@@ -264,8 +264,29 @@ class PreparedCall:
         self._b = tuple((self.launches[i].slots, j) for i, j in b_slots)
         self.capture_safe = path is not Path.CUBLAS
         self._lock = threading.Lock()   # patch-then-fire is one step for threads sharing a stream and weight
+        # run(x, y, bias=0): the one-launch call (the GEMV, the mma.sync GEMM without a split) has its own
+        # straight-line version: it is the decode loop's whole host cost after the checks
+        if len(self.launches) == 1 and len(self._x) == len(self._y) == len(self._b) == 1:
+            self.run = self._one(self.launches[0], self._x[0][1], self._y[0][1], self._b[0][1], self._lock)
+        else:
+            self.run = self._many
 
-    def run(self, x: int, y: int, bias: int = 0) -> None:
+    @staticmethod
+    def _one(launch: "Launch", xi: int, yi: int, bi: int, lock):
+        s = launch.slots
+        fire = launch.fire
+
+        def run(x: int, y: int, bias: int = 0) -> None:
+            with lock:
+                s[xi] = x
+                s[yi] = y
+                if bias:
+                    s[bi] = bias
+                fire()
+
+        return run
+
+    def _many(self, x: int, y: int, bias: int = 0) -> None:
         with self._lock:
             for s, i in self._x:
                 s[i] = x

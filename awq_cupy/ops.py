@@ -191,7 +191,7 @@ def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
     key = (M, stream, bp != 0, batch_invariant)
     pc = calls.get(key)
     if pc is None:
-        pc = _prepare(w, key, x.dtype)
+        pc = _prepare(w, key)
     if pc.capture_safe:
         pc.run(xp, yp, bp)
     else:
@@ -249,7 +249,7 @@ def _check_out(out, x, xp: int, shape, M: int, K: int, N: int, dev: int) -> int:
     return yp
 
 
-def _prepare(w, key, xdtype):
+def _prepare(w, key):
     """The prepared call for ``key`` = (M, stream, bias, batch_invariant): made and cached outside a graph
     capture; while the stream captures (or inside ``launch.capture_scope``) made for the capture and not cached,
     so that it neither loads modules mid-capture nor outlives the capture's workspaces."""
@@ -343,7 +343,7 @@ class BoundMatmul:
         key = (self.M, stream, self._bp != 0, self.batch_invariant)
         pc = w._calls.get(key)
         if pc is None:
-            pc = _prepare(w, key, self._dtype)
+            pc = _prepare(w, key)
         if pc.capture_safe:
             pc.run(xp, yp, self._bp)
         else:

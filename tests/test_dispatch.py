@@ -1065,7 +1065,7 @@ def test_gemv_kernel_compiles_per_launch_shape_and_token_count(monkeypatch):
     another arch or a capture take the generic variant, which is loaded first as a capture's fallback."""
     import types
 
-    from awq_cupy import jit, kernels, launch, ops, plans
+    from awq_cupy import jit, kernels, launch, plans
 
     big = plans.GEMV_M1_MIN_WEIGHTS
     assert [plans.gemv_compiled_tokens(M, 8192, big // 8192) for M in (1, 2, 8, 15, 16)] == [1, None, None, None, 16]

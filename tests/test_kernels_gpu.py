@@ -304,7 +304,7 @@ def test_matmul_takes_two_k_block_pairs_where_planned(rng, kind):
                 M, arch_key=arch.key, K=K, N=N, group_size=G, dtype=kind, sm_count=sms), (M, plan)
             assert plan.warps == (16 if arch.cc >= 90 else 12), (M, plan)
         x = random_x(rng, M, K, kind)
-        assert_matmul_close(_run(x, w), x, W64, kind, what=f"matmul {K}x{N} M={M} {kind} kdepth={plan['kdepth']}")
+        assert_matmul_close(_run(x, w), x, W64, kind, what=f"matmul {K}x{N} M={M} {kind} kdepth={plan.kdepth}")
 
 
 @pytest.mark.parametrize("kind", ["float16", "bfloat16"])
@@ -423,11 +423,11 @@ def test_gemv_compiled_for_the_launch_shape(rng, K, N, G, kind, monkeypatch):
     k blocks, threes, fours; G % 64 = 32; one group; N not a multiple of 64), with and without a bias, at one to
     four token blocks (three and four on sm_90 with groups of whole 64-k blocks) and other warp counts. Runs on any
     GPU (the constants are not arch-specific)."""
-    from awq_cupy import launch, ops, plans
+    from awq_cupy import launch, plans
     from awq_cupy.jit import arch_of_device
     from awq_cupy.kernels import gemv_shapes
 
-    monkeypatch.setattr(ops, "GEMV_M1_MIN_WEIGHTS", 0)
+    monkeypatch.setattr(plans, "GEMV_M1_MIN_WEIGHTS", 0)
 
     Q, Z, S, G = random_layer(rng, K, N, G)
     w = _weight(Q, Z, S, G, kind)
