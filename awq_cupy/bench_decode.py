@@ -133,33 +133,37 @@ def graph_ms(replay, trials: int, reps: int = 5) -> float:
     return _median(out)
 
 
-def host_us(fn, n: int = 200, trials: int = 7) -> float:
-    """Host time of one ``fn()`` (us) while the GPU is kept busy by a spin kernel, so that no call waits for the
-    GPU: median over ``trials`` of the mean over ``n`` calls."""
+def host_us(fns: dict, n: int = 200, rounds: int = 9) -> dict:
+    """Host time of one call (us) of each of ``fns`` ({name: callable}) while the GPU is kept busy by a spin
+    kernel, so that no call waits for the GPU: ``rounds`` rounds, each timing ``n`` calls of every callable in
+    turn (the host's noise then falls on all of them alike); per callable the median over rounds of the mean per
+    call."""
     import cupy
 
     from .kernels import kernel
 
     spin = kernel("bench_util", "awq_spin_kernel")
     s = cupy.cuda.get_current_stream()
-    for _ in range(3):
-        fn()
-    s.synchronize()
-    out = []
-    spin_ns = 20_000_000
-    while len(out) < trials:
-        spin.launch((1,), (1,), (np.int64(spin_ns),))
-        t0 = time.perf_counter()
-        for _ in range(n):
+    for fn in fns.values():
+        for _ in range(3):
             fn()
-        t = time.perf_counter() - t0
-        busy = t * 1e9 < 0.8 * spin_ns
-        s.synchronize()
-        if not busy:          # the GPU may have drained its queue: calls may have waited; longer spin, again
-            spin_ns *= 2
-            continue
-        out.append(t / n * 1e6)
-    return _median(out)
+    s.synchronize()
+    out = {k: [] for k in fns}
+    spin_ns = 20_000_000
+    while min(len(v) for v in out.values()) < rounds:
+        for name, fn in fns.items():
+            while True:
+                spin.launch((1,), (1,), (np.int64(spin_ns),))
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                t = time.perf_counter() - t0
+                s.synchronize()
+                if t * 1e9 < 0.8 * spin_ns:
+                    break
+                spin_ns *= 2     # the GPU may have drained its queue and calls waited for it: longer spin, again
+            out[name].append(t / n * 1e6)
+    return {k: _median(v) for k, v in out.items()}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -305,15 +309,18 @@ def run_host(ms=DECODE_M, K: int = 4096, N: int = 6144) -> list[dict]:
             floor.fire()
 
         r = dict(M=M, K=K, N=N)
-        r["matmul_out"] = host_us(lambda: awq_cupy.matmul(x, w, out=y))
-        r["matmul_alloc"] = host_us(lambda: awq_cupy.matmul(x, w))
-        r["bound_out"] = host_us(lambda: bound(x, out=y))
-        r["cupy_matmul_fp16"] = host_us(lambda: cupy.matmul(x, dense, out=y))
-        r["cupy_rawkernel_18_args"] = host_us(lambda: probe((1,), (32,), args18))
-        pc = w._calls[(M, cupy.cuda.get_current_stream().ptr, False, False)]   # what matmul_out launched
-        r["prepared_fire"] = host_us(pc.launches[0].fire)                       # its launch alone, no checks
-        r["cuLaunchKernelEx_prebuilt"] = host_us(floor.fire)
-        r["cuLaunchKernelEx_patched"] = host_us(patched)
+        awq_cupy.matmul(x, w, out=y)
+        pc = w._calls[(M, cupy.cuda.get_current_stream().ptr, False, False)]   # what matmul_out launches
+        r.update(host_us({
+            "matmul_out": lambda: awq_cupy.matmul(x, w, out=y),
+            "matmul_alloc": lambda: awq_cupy.matmul(x, w),
+            "bound_out": lambda: bound(x, out=y),
+            "cupy_matmul_fp16": lambda: cupy.matmul(x, dense, out=y),
+            "cupy_rawkernel_18_args": lambda: probe((1,), (32,), args18),
+            "prepared_fire": pc.launches[0].fire,                       # matmul's own launch alone, no checks
+            "cuLaunchKernelEx_prebuilt": floor.fire,
+            "cuLaunchKernelEx_patched": patched,
+        }))
         rows.append(r)
     return rows
 
@@ -335,3 +342,8 @@ def print_decode(rows, host_rows, file=sys.stdout) -> None:
         print(f"{'M':>3s} " + " ".join(f"{k:>26s}" for k in keys), file=file)
         for r in host_rows:
             print(f"{r['M']:3d} " + " ".join(f"{r[k]:26.2f}" for k in keys), file=file)
+        for r in host_rows:
+            print(f"M={r['M']}: matmul(x, w, out=y) {r['matmul_out']:.2f} us = "
+                  f"{r['matmul_out'] / r['cuLaunchKernelEx_prebuilt']:.2f}x the prebuilt cuLaunchKernelEx "
+                  f"(target <= 2x); without out= {r['matmul_alloc'] - r['matmul_out']:+.2f} us (target <= +5); "
+                  f"cupy.matmul {r['cupy_matmul_fp16'] / r['matmul_out']:.1f}x awq_cupy's", file=file)

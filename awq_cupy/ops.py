@@ -183,6 +183,12 @@ def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
     if out is None:
         out = rt[3](shape[:-1] + (N,), dtype=x.dtype)
         yp = out.data.ptr
+    elif type(out) is rt[0] and out.dtype is x.dtype and out._c_contiguous and out.shape == shape[:-1] + (N,):
+        od = out.data
+        yp = od.ptr
+        isz = out.itemsize
+        if yp & 15 or od.device_id != dev or (yp < xp + M * K * isz and xp < yp + M * N * isz):
+            _check_out(out, x, xp, shape, M, K, N, dev)    # raises, naming the rule
     else:
         yp = _check_out(out, x, xp, shape, M, K, N, dev)
     if M == 0:
