@@ -2,7 +2,7 @@
 
 Data path: checkpoint (``load_checkpoint``) -> formats (``formats.unpack/to_gemm``) -> ``QuantizedWeight``
 (repacked once on the GPU) -> ``matmul`` (tensor-core kernels in ``kernels_cu/``; launch plans made once per call
-shape) -> ``w.bind`` for the tightest loops, ``capture`` for a whole step as a CUDA graph.
+shape) -> ``bind`` for the tightest loops, ``capture`` for a whole step as a CUDA graph.
 
 Importing this package compiles nothing, queries no device and does not import CuPy.
 """
@@ -13,7 +13,7 @@ from .awq import (AWQResult, calibration_stats, fold_scales_into_linear, fold_sc
                   search_clip, search_scales)
 from .checkpoint import Checkpoint, CheckpointError, QuantizedLayer, load_checkpoint, save_checkpoint
 from .graphs import CapturedStep, capture
-from .ops import BoundMatmul, dequantize, dequantize_gemm, gemm, matmul
+from .ops import BoundMatmul, bind, dequantize, dequantize_gemm, gemm, matmul
 from .quantize import QuantizedTensors, quantize
 from .weight import QuantizedWeight
 
@@ -22,7 +22,8 @@ try:
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["QuantizedWeight", "matmul", "BoundMatmul", "capture", "CapturedStep", "settings", "gemm", "dequantize", "dequantize_gemm", "quantize", "QuantizedTensors",
+__all__ = ["QuantizedWeight", "matmul", "bind", "BoundMatmul", "capture", "CapturedStep", "settings", "gemm",
+           "dequantize", "dequantize_gemm", "quantize", "QuantizedTensors",
            "load_checkpoint", "save_checkpoint", "Checkpoint", "QuantizedLayer", "CheckpointError", "formats",
            "layout", "reference", "awq", "quantize_awq", "search_scales", "search_clip", "fold_scales_into_norm",
            "fold_scales_into_linear", "calibration_stats", "AWQResult", "__version__"]

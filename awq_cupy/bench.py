@@ -322,7 +322,7 @@ def main(args) -> int:
         dms = tuple(m for m in (args.m or bench_decode.DECODE_M) if m <= 32) if decode else bench_decode.DECODE_M
         hrows = bench_decode.run_host(dms)
         for m in dmodels:
-            drows += bench_decode.run_model(m, dms, trials=3 if args.quick else args.trials)
+            drows += bench_decode.run_model(m, MODELS[m], dms, trials=3 if args.quick else args.trials)
         result.update(decode_method=bench_decode.__doc__.strip(), decode=drows, host_us=hrows)
     if args.json:
         with open(args.json, "w") as f:

@@ -14,7 +14,7 @@ memory per layer, as in a model), M = 1 and 16 rows, outputs preallocated (``out
   than the one before and each far larger than L2, so every call reads its weights from HBM. The table says how
   many distinct fp16 layers there were.
 * Host us per call: the host time of one call enqueued while the GPU is busy (a spin kernel preloads its queue, so
-  no call waits for the GPU): awq_cupy ``matmul`` with and without ``out=``, the bound call (``w.bind``),
+  no call waits for the GPU): awq_cupy ``matmul`` with and without ``out=``, the bound call (``awq_cupy.bind``),
   ``cupy.matmul`` fp16, a CuPy RawKernel launch with 18 arguments, and ``cuLaunchKernelEx`` through ctypes with a
   prebuilt parameter array and the PDL attribute (``launch.Launch.fire``: the floor), also with two pointers
   patched.
@@ -186,14 +186,12 @@ def _int4_layers(rng, shapes, layers: int, dtype: str = "float16"):
     return out
 
 
-def run_model(model: str, ms=DECODE_M, trials: int = 5, progress=True) -> list[dict]:
+def run_model(model: str, shapes, ms=DECODE_M, trials: int = 5, progress=True) -> list[dict]:
+    """The decode step of ``model`` (``DECODE_LAYERS`` layers of the linears ``shapes``: [(name, K, N)])."""
     import cupy
 
     import awq_cupy
 
-    from .bench import MODELS
-
-    shapes = MODELS[model]
     L = DECODE_LAYERS[model]
     rng = np.random.default_rng(0)
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if progress else (lambda m: None)
@@ -299,7 +297,7 @@ def run_host(ms=DECODE_M, K: int = 4096, N: int = 6144) -> list[dict]:
     for M in ms:
         x = cupy.asarray(rng.standard_normal((M, K)).astype(np.float16))
         y = cupy.empty((M, N), cupy.float16)
-        bound = w.bind(M)
+        bound = awq_cupy.bind(w, M)
         slots = floor.slots
         p0, p1 = sink.data.ptr, sink.data.ptr + 64
 

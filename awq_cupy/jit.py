@@ -459,7 +459,7 @@ class Kernel:
                                 f"(np.int32/np.float32/...), not a Python {type(a).__name__}")
         self.ensure_dynamic_smem(smem)
         if pdl:
-            from .launch import launch_ex
+            from .driver import launch_ex
 
             launch_ex(self._func.ptr, grid, block, args, smem, pdl=True, name=self.name)
             return

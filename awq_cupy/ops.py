@@ -21,7 +21,7 @@ from .dtypes import BF16_NOTE, activation_dtype, dtype_name, numpy_dtype  # noqa
 from .jit import as_i32
 from .weight import QuantizedWeight
 
-__all__ = ["dequantize_gemm", "dequantize", "matmul", "gemm", "BoundMatmul", "PLAN_CACHE_SIZE"]
+__all__ = ["dequantize_gemm", "dequantize", "matmul", "bind", "gemm", "BoundMatmul", "PLAN_CACHE_SIZE"]
 
 def require_cupy(a, what: str, device_id: int | None = None):
     if not is_cupy(a):
@@ -287,10 +287,16 @@ def _run_cublas(x, w, bias, out, M: int, key) -> None:
         y2 += bias
 
 
+def bind(w, shape, *, bias=None, batch_invariant: bool = False) -> "BoundMatmul":
+    """``matmul`` bound to weight ``w``, one input shape (an int M for ``[M, K]``, or a tuple ``[..., K]``) and a
+    bias: a callable ``f(x, out=None)`` with the fewest checks per call (``BoundMatmul``)."""
+    return BoundMatmul(w, shape, bias=bias, batch_invariant=batch_invariant)
+
+
 class BoundMatmul:
     """``matmul`` bound to one weight, one input shape and one bias: ``f(x, out=None)`` for the tightest loops.
 
-    Made by ``QuantizedWeight.bind(shape, bias=None, batch_invariant=False)``. Its rules: ``x`` must have exactly
+    Made by ``awq_cupy.bind(w, shape, bias=None, batch_invariant=False)``. Its rules: ``x`` must have exactly
     the bound shape (``[M, K]`` for an int M), the weight's dtype, C-contiguous and 16-byte aligned storage on the
     weight's device; ``out``, if given, exactly ``[..., N]`` of that dtype, C-contiguous, aligned and not
     overlapping ``x``. Anything else goes through ``matmul``'s full checks (and its errors). The bias is fixed at

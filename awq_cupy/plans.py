@@ -334,13 +334,13 @@ def gemv_grid(N: int, sm_count: int) -> tuple[int, int]:
 def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: int = 132,
               tiles: int | None = None, warps: int | None = None, dtype: str = "float16",
               kdepth: int | None = None) -> GemvPlan:
-    """Launch plan of the GEMV for M <= 32 tokens on ``arch`` (a jit.Arch; default sm_90). One CTA per SM (at most one per 16-column block) of the
-    variant's warp count. ``tiles`` (blocks per warp unit) and ``kdepth`` (64-k blocks per unit) default to
-    ``gemv_tiles_for`` (with the dispatch row's slot times for the activations' ``dtype``) and ``gemv_kdepth_for``;
-    given ``tiles``, ``kdepth`` defaults to 1, and ``kdepth`` 2 alone means pairs. ``warps`` overrides the warp
-    count (for tuning). The plan depends on (M, K, N, G), the dtype and the GPU, and so does the summation order.
-    Three and four token blocks (17..32 rows) exist on compute capability 9.0 for groups of whole 64-k blocks
-    (kernels.gemv_shapes); matmul runs them where ``gemv_wide_takes`` says so."""
+    """Launch plan of the GEMV for M <= 32 tokens on ``arch`` (a jit.Arch; default sm_90). One CTA per SM (at most one
+    per 16-column block) of the variant's warp count. ``tiles`` (blocks per warp unit) and ``kdepth`` (64-k blocks
+    per unit) default to ``gemv_tiles_for`` (with the dispatch row's slot times for the activations' ``dtype``) and
+    ``gemv_kdepth_for``; given ``tiles``, ``kdepth`` defaults to 1, and ``kdepth`` 2 alone means pairs. ``warps``
+    overrides the warp count (for tuning). The plan depends on (M, K, N, G), the dtype and the GPU, and so does the
+    summation order. Three and four token blocks (17..32 rows) exist on compute capability 9.0 for groups of whole
+    64-k blocks (kernels.gemv_shapes); matmul runs them where ``gemv_wide_takes`` says so."""
     from .jit import ARCHS
     from .kernels import GEMV_KD2_SHAPES, GEMV_TOKEN_BLOCKS, gemv_max_warps, gemv_shapes, gemv_smem_bytes
 

@@ -200,13 +200,6 @@ class QuantizedWeight:
         return cls.from_gemm(packed["qweight"], packed["qzeros"], packed["scales"], q.group_size, dtype=dtype,
                              device=device)
 
-    def bind(self, shape, *, bias=None, batch_invariant: bool = False):
-        """``matmul`` bound to this weight and one input shape (an int M for ``[M, K]``, or a tuple ``[..., K]``)
-        and bias: a callable ``f(x, out=None)`` with the fewest checks per call (``ops.BoundMatmul``)."""
-        from .ops import BoundMatmul
-
-        return BoundMatmul(self, shape, bias=bias, batch_invariant=batch_invariant)
-
     def astype(self, dtype) -> "QuantizedWeight":
         """The same weight serving activations of ``dtype`` (shares the tiles; converts scales and zeros)."""
         kind = _dtype_name(dtype)

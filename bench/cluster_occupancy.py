@@ -7,16 +7,16 @@ import dataclasses
 
 import cupy as cp
 
-from awq_cupy import jit, kernels, launch
+from awq_cupy import driver, jit, kernels, launch
 
 shapes = [(s, None) for s in sorted(set(kernels.GEMM_WG_DEFAULT.values()))]
 shapes += [(s, p) for s, p in kernels.GEMM_WG_PEND_TWO_PER_SM.items()]
 names = {(s, p): kernels.gemm_wg_variant("float16", *s, True, p) for s, p in shapes}
 kernels.FAMILIES["gemm_wg"] = dataclasses.replace(kernels.GEMM_WG, variants=lambda arch: tuple(names.values()))
 
-lib = launch.cuda_driver()
+lib = driver.cuda_driver()
 lib.cuOccupancyMaxActiveClusters.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
-                                             ctypes.POINTER(launch.LaunchConfig)]
+                                             ctypes.POINTER(driver.LaunchConfig)]
 lib.cuOccupancyMaxActiveClusters.restype = ctypes.c_int
 sms = launch.sm_count(0)
 print(f"{sms} SMs; per shape: CTAs resident without clusters, then for cluster sizes 1..8 the clusters resident "
@@ -27,8 +27,8 @@ for (shape, pend), name in names.items():
     plain = k.resident_blocks(32 * kernels.GEMM_WARPS, smem) * sms   # also sets the dynamic shared-memory limit
     row = []
     for size in range(1, 9):
-        attrs, n = launch.launch_attributes(False, (1, size, 1))
-        cfg = launch.LaunchConfig(1, size, 1, 32 * kernels.GEMM_WARPS, 1, 1, smem, None,
+        attrs, n = driver.launch_attributes(False, (1, size, 1))
+        cfg = driver.LaunchConfig(1, size, 1, 32 * kernels.GEMM_WARPS, 1, 1, smem, None,
                                 ctypes.cast(attrs, ctypes.POINTER(jit._LaunchAttribute)), n)
         got = ctypes.c_int(-1)
         err = lib.cuOccupancyMaxActiveClusters(ctypes.byref(got), ctypes.c_void_p(k._func.ptr), ctypes.byref(cfg))

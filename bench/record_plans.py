@@ -43,7 +43,9 @@ def fake_weight(K, N, G):
 
     G = resolve_group_size(G, K)
     Kp, Np = padded_sizes(K, N)
-    arr = lambda name: types.SimpleNamespace(name=name, data=types.SimpleNamespace(ptr=0))   # noqa: E731
+    def arr(name):
+        return types.SimpleNamespace(name=name, data=types.SimpleNamespace(ptr=0))
+
     return types.SimpleNamespace(K=K, N=N, group_size=G, NG=K // G, KS=Kp // 64, NT=Np // 64, device=0,
                                  qtiles=arr("qtiles"), scales=arr("scales"), zeros=arr("zeros"))
 

@@ -87,6 +87,57 @@ def test_launches_equal_the_uncached_implementations(monkeypatch):
     assert seen == len(recorded) == 2288
 
 
+def test_prepared_call_hands_the_driver_its_config_and_patched_parameters(monkeypatch):
+    """driver.Launch and launch.PreparedCall on the CPU, with cuLaunchKernelEx replaced by a reader of what it is
+    given: the config struct (grid, block, shared memory, stream, the PDL attribute) and the parameter array, whose
+    slots hold the prebuilt arguments with x, the output and the bias written in per call; a refused launch raises
+    RuntimeError naming the kernel."""
+    import ctypes
+
+    from awq_cupy import driver
+
+    seen = []
+
+    def fake_launch(cfg, func, params, extra):
+        c = driver.LaunchConfig.from_address(cfg)
+        p = (ctypes.c_void_p * 4).from_address(params)
+        attr = c.attrs[0] if c.numAttrs else None
+        seen.append(dict(grid=(c.gridDimX, c.gridDimY, c.gridDimZ), block=(c.blockDimX, c.blockDimY, c.blockDimZ),
+                         smem=c.sharedMemBytes, stream=c.hStream, attrs=c.numAttrs, func=func,
+                         attr=(attr.id, attr.value[0]) if attr else None,
+                         args=[ctypes.c_uint64.from_address(p[i]).value for i in range(4)]))
+        return 0
+
+    monkeypatch.setattr(driver, "cuda_driver", lambda: None)
+    monkeypatch.setattr(driver, "_launch_fn", fake_launch)
+    smem_set = []
+    k = types.SimpleNamespace(name="awq_probe", func_ptr=0x1234, ensure_dynamic_smem=smem_set.append)
+    one = driver.Launch(k, (3, 2), (64,), (launch.NULL, np.int32(-2), launch.NULL, launch.NULL), smem=70000,
+                        pdl=True, stream=0x77)
+    assert smem_set == [70000]
+    pc = launch.PreparedCall(plans.Path.GEMV, None, (one,), x_slots=((0, 0),), y_slots=((0, 2),), b_slots=((0, 3),))
+    pc.run(0xA000, 0xB000)
+    pc.run(0xA100, 0xB100, 0xC100)
+    assert [s["args"] for s in seen] == [[0xA000, 2**64 - 2, 0xB000, 0], [0xA100, 2**64 - 2, 0xB100, 0xC100]]
+    assert seen[0]["grid"] == (3, 2, 1) and seen[0]["block"] == (64, 1, 1) and seen[0]["smem"] == 70000
+    assert seen[0]["stream"] == 0x77 and seen[0]["func"] == 0x1234 and seen[0]["attrs"] == 1
+    assert seen[0]["attr"] == (driver.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, 1)
+    # several launches: each gets its own slots patched, in order; no PDL: no attribute
+    seen.clear()
+    two = driver.Launch(k, (1,), (32,), (launch.NULL,) * 4, stream=0x77)
+    pc = launch.PreparedCall(plans.Path.GEMM, None, (one, two), x_slots=((0, 0),), y_slots=((0, 2), (1, 1)),
+                             b_slots=((1, 3),))
+    pc.run(0xA200, 0xB200, 0xC200)
+    assert [s["args"] for s in seen] == [[0xA200, 2**64 - 2, 0xB200, 0xC100], [0, 0xB200, 0, 0xC200]]
+    assert seen[1]["attrs"] == 0
+    monkeypatch.setattr(driver, "_launch_fn", lambda *a: 1)
+    monkeypatch.setattr(driver, "_libcuda", types.SimpleNamespace(cuGetErrorName=lambda err, ref: 0))
+    with pytest.raises(RuntimeError, match="awq_probe: CUresult 1"):
+        pc.run(1, 2)
+    with pytest.raises(TypeError, match="numpy scalar"):
+        driver.Launch(k, (1,), (32,), (5,))
+
+
 def test_plans_are_frozen_data():
     p = plans.plan_gemv(1, 4096, 6144, 128)
     q = plans.plan_gemm(64, 4096, 4096, 128, wgmma=True)
@@ -200,14 +251,14 @@ def test_tuned_table_reload_drops_plans(monkeypatch, tmp_path):
 def test_bind_and_capture_reject_bad_arguments():
     w = _fake_weight()
     with pytest.raises(ValueError, match="K=256"):
-        w.bind((4, 128))
+        awq_cupy.bind(w, (4, 128))
     with pytest.raises(TypeError, match="an int M"):
-        w.bind("4")
+        awq_cupy.bind(w, "4")
     with pytest.raises(ValueError, match="no rows"):
-        w.bind(0)
-    b = w.bind(3)
+        awq_cupy.bind(w, 0)
+    b = awq_cupy.bind(w, 3)
     assert b.x_shape == (3, 256) and b.out_shape == (3, 128) and b.M == 3
-    assert w.bind((2, 5, 256)).M == 10
+    assert awq_cupy.bind(w, (2, 5, 256)).M == 10
     with pytest.raises(TypeError, match="QuantizedWeight"):
         ops.BoundMatmul(object(), 1)
     with pytest.raises(TypeError, match="callable"):
@@ -323,7 +374,7 @@ def test_bound_call_equals_matmul(rng):
     bias = cp.asarray((rng.standard_normal(N) * 0.1).astype(np.float16))
     for M in (1, 16, 24, 64):
         x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
-        f = w.bind(M, bias=bias)
+        f = awq_cupy.bind(w, M, bias=bias)
         y = cp.empty((M, N), cp.float16)
         assert f(x, out=y) is y
         np.testing.assert_array_equal(_bits(y), _bits(awq_cupy.matmul(x, w, bias=bias)))

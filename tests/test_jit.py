@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from awq_cupy import jit
-from awq_cupy import launch, settings
+from awq_cupy import driver, settings
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -525,11 +525,11 @@ def test_pdl_launch_structs_match_the_driver_api_layout():
     48) and CUlaunchAttribute (72 bytes: id, 4 bytes of padding, a 64-byte value union) as in cuda.h (CUDA 12+)."""
     import ctypes
 
-    assert ctypes.sizeof(launch.LaunchConfig) == 56
-    assert (launch.LaunchConfig.hStream.offset, launch.LaunchConfig.attrs.offset,
-            launch.LaunchConfig.numAttrs.offset) == (32, 40, 48)
-    assert ctypes.sizeof(launch.LaunchAttribute) == 72 and launch.LaunchAttribute.value.offset == 8
-    assert launch.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION == 6
+    assert ctypes.sizeof(driver.LaunchConfig) == 56
+    assert (driver.LaunchConfig.hStream.offset, driver.LaunchConfig.attrs.offset,
+            driver.LaunchConfig.numAttrs.offset) == (32, 40, 48)
+    assert ctypes.sizeof(driver.LaunchAttribute) == 72 and driver.LaunchAttribute.value.offset == 8
+    assert driver.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION == 6
 
 
 def test_pdl_kernel_arguments_fill_8_byte_slots_little_endian():
@@ -539,7 +539,7 @@ def test_pdl_kernel_arguments_fill_8_byte_slots_little_endian():
 
     import numpy as np
 
-    slots = (ctypes.c_uint64 * 5)(*[launch.arg_bits(v) for v in (np.int32(-3), np.int64(1 << 40), np.uint64(0),
+    slots = (ctypes.c_uint64 * 5)(*[driver.arg_bits(v) for v in (np.int32(-3), np.int64(1 << 40), np.uint64(0),
                                                                 np.float32(0.5), np.int32(7))])
     base = ctypes.addressof(slots)
     assert ctypes.c_int32.from_address(base).value == -3
@@ -548,15 +548,15 @@ def test_pdl_kernel_arguments_fill_8_byte_slots_little_endian():
     assert ctypes.c_float.from_address(base + 24).value == 0.5
     assert ctypes.c_int32.from_address(base + 32).value == 7
     with pytest.raises(TypeError, match="float64"):
-        launch.arg_bits(np.float64(1.0))
+        driver.arg_bits(np.float64(1.0))
     with pytest.raises(TypeError, match="not a device array"):
-        launch.arg_bits([1, 2])
+        driver.arg_bits([1, 2])
 
     class FakeArray:        # anything with .data.ptr (a CuPy array) goes by pointer
         class data:
             ptr = 0x1000
 
-    assert launch.arg_bits(FakeArray()) == 0x1000
+    assert driver.arg_bits(FakeArray()) == 0x1000
 
 
 def test_pdl_only_on_compute_capability_9(monkeypatch):
@@ -575,15 +575,15 @@ def test_launch_attributes_have_the_driver_layout():
     import ctypes
     import struct
 
-    assert ctypes.sizeof(launch.LaunchAttribute) == 72 and launch.LaunchAttribute.value.offset == 8
+    assert ctypes.sizeof(driver.LaunchAttribute) == 72 and driver.LaunchAttribute.value.offset == 8
 
     def value(a, fmt):   # the union's first bytes (a c_char array's .value stops at the first zero byte)
         return struct.unpack(fmt, ctypes.string_at(ctypes.addressof(a) + 8, struct.calcsize(fmt)))
 
-    arr, n = launch.launch_attributes(True, None)
+    arr, n = driver.launch_attributes(True, None)
     assert n == 1 and arr[0].id == 6 and value(arr[0], "<i") == (1,)
-    arr, n = launch.launch_attributes(False, (1, 4))
+    arr, n = driver.launch_attributes(False, (1, 4))
     assert n == 1 and arr[0].id == 4 and value(arr[0], "<3I") == (1, 4, 1)
-    arr, n = launch.launch_attributes(True, (1, 8, 1))
+    arr, n = driver.launch_attributes(True, (1, 8, 1))
     assert n == 2 and [a.id for a in arr] == [6, 4] and value(arr[1], "<3I") == (1, 8, 1)
-    assert launch.launch_attributes(True, (1, 8, 1))[0] is arr   # built once per set
+    assert driver.launch_attributes(True, (1, 8, 1))[0] is arr   # built once per set

@@ -1,0 +1,159 @@
+"""cuLaunchKernelEx through ctypes (CuPy has no binding for it): prepared launches and the one-off PDL launch.
+
+Driver API, CUDA 12+ struct layouts (CUlaunchConfig; CUlaunchAttribute with a 64-byte value union). Every kernel
+argument gets an 8-byte parameter slot (``arg_bits``). Imports nothing of awq_cupy: ``jit`` (one-off PDL launches)
+and ``launch`` (matmul's prepared calls) both build on it.
+"""
+from __future__ import annotations
+
+import ctypes
+import struct
+
+import numpy as np
+
+__all__ = ["Launch", "LaunchConfig", "LaunchAttribute", "launch_ex", "launch_attributes", "arg_bits", "cuda_driver"]
+
+
+CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class LaunchAttribute(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_char * 64)]
+
+
+class LaunchConfig(ctypes.Structure):
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+_libcuda = None
+_launch_fn = None         # cuLaunchKernelEx taking four addresses as plain ints (the prepared launches' path)
+_attr_sets: dict = {}     # (pdl, cluster) -> ctypes array of attributes, kept alive for the process
+
+
+def cuda_driver():
+    """libcuda with cuLaunchKernelEx's signature declared (loaded at the first launch)."""
+    global _libcuda, _launch_fn
+    if _libcuda is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p,
+                                         ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)]
+        lib.cuLaunchKernelEx.restype = ctypes.c_int
+        fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(
+            ctypes.cast(lib.cuLaunchKernelEx, ctypes.c_void_p).value)
+        _launch_fn = fn
+        _libcuda = lib
+    return _libcuda
+
+
+def launch_attributes(pdl: bool, cluster: tuple | None):
+    """(array, count) of the launch attributes for PDL and / or cluster dimensions, built once per set (launches
+    use PDL alone; bench/cluster_occupancy.py asks for cluster shapes)."""
+    key = (bool(pdl), tuple(cluster) if cluster else None)
+    got = _attr_sets.get(key)
+    if got is None:
+        values = []
+        if pdl:   # programmaticStreamSerializationAllowed = 1
+            values.append((CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, struct.pack("<i", 1)))
+        if cluster:
+            c = tuple(cluster) + (1,) * (3 - len(cluster))
+            values.append((CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, struct.pack("<3I", *c)))
+        arr = (LaunchAttribute * max(1, len(values)))()
+        for a, (ident, payload) in zip(arr, values):
+            a.id = ident
+            ctypes.memmove(ctypes.addressof(a) + LaunchAttribute.value.offset, payload, len(payload))
+        got = _attr_sets[key] = (arr, len(values))
+    return got
+
+
+_INT_SCALARS = (np.int32, np.int64, np.uint32, np.uint64)
+_MASK64 = (1 << 64) - 1
+
+
+def arg_bits(a) -> int:
+    """One kernel argument as the 64-bit little-endian word whose first bytes are its value: device arrays by
+    pointer, numpy integer scalars at their own width (the low bytes), float32 by bit pattern. Each argument gets
+    an 8-byte slot, so a 4-byte argument is read from the low half of its slot."""
+    if isinstance(a, np.generic):
+        if isinstance(a, _INT_SCALARS):
+            return int(a) & _MASK64
+        if isinstance(a, np.float32):
+            return int(np.asarray(a).view(np.uint32))
+        raise TypeError(f"kernel argument {a!r}: numpy scalars of dtype {a.dtype} are not supported")
+    ptr = getattr(getattr(a, "data", None), "ptr", None)
+    if ptr is None:
+        raise TypeError(f"kernel argument of type {type(a).__name__} is not a device array or numpy scalar")
+    return int(ptr)
+
+
+def _launch_error(err: int, what: str) -> RuntimeError:
+    name = ctypes.c_char_p()
+    _libcuda.cuGetErrorName(err, ctypes.byref(name))
+    return RuntimeError(f"cuLaunchKernelEx failed for {what}: CUresult {err} ({(name.value or b'unknown').decode()})")
+
+
+def _dims(d) -> tuple[int, int, int]:
+    d = tuple(d)
+    return d + (1,) * (3 - len(d))
+
+
+class Launch:
+    """One kernel launch prepared once: function, grid, block, dynamic shared memory, stream, PDL attribute and a
+    parameter buffer (8-byte slots, ``arg_bits``). ``fire()`` launches it as it stands; callers patch pointer
+    slots first (``slots[i] = ptr``). Raises RuntimeError naming the kernel when the driver refuses."""
+
+    __slots__ = ("kernel", "slots", "_params", "_cfg", "_attrs", "_args")
+
+    def __init__(self, kernel, grid, block, args, *, smem: int = 0, pdl: bool = False, stream: int = 0):
+        for a in args:   # Python scalars would need a width: demand numpy ones, as Kernel.launch does
+            if isinstance(a, (int, float, bool)):
+                raise TypeError(f"kernel {kernel.name}: scalar argument {a!r} must be a numpy scalar "
+                                f"(np.int32/np.float32/...), not a Python {type(a).__name__}")
+        cuda_driver()
+        kernel.ensure_dynamic_smem(smem)
+        n = len(args)
+        self.kernel = kernel
+        self.slots = (ctypes.c_uint64 * max(1, n))(*[arg_bits(a) for a in args])
+        base = ctypes.addressof(self.slots)
+        self._params = (ctypes.c_void_p * max(1, n))(*range(base, base + 8 * n, 8))
+        attrs, nattrs = launch_attributes(pdl, None)
+        self._attrs = attrs
+        g, b = _dims(grid), _dims(block)
+        self._cfg = LaunchConfig(g[0], g[1], g[2], b[0], b[1], b[2], smem, stream,
+                                 ctypes.cast(attrs, ctypes.POINTER(LaunchAttribute)), nattrs)
+        self._args = (ctypes.addressof(self._cfg), kernel.func_ptr, ctypes.addressof(self._params))
+
+    def fire(self) -> None:
+        c, f, p = self._args
+        err = _launch_fn(c, f, p, None)
+        if err:
+            raise _launch_error(err, self.kernel.name)
+
+    def __repr__(self) -> str:
+        cfg = self._cfg
+        return (f"Launch({self.kernel.name!r}, grid=({cfg.gridDimX}, {cfg.gridDimY}, {cfg.gridDimZ}), "
+                f"block={cfg.blockDimX}, smem={cfg.sharedMemBytes}, pdl={bool(cfg.numAttrs)})")
+
+
+def launch_ex(func_ptr: int, grid, block, args, smem: int = 0, pdl: bool = False, stream: int | None = None,
+              name: str = "kernel") -> None:
+    """A one-off cuLaunchKernelEx on the current CuPy stream (or ``stream``) with the PDL attribute if ``pdl``
+    (``jit.Kernel.launch(pdl=True)``)."""
+    import cupy
+
+    lib = cuda_driver()
+    attrs, nattrs = launch_attributes(pdl, None)
+    n = len(args)
+    slots = (ctypes.c_uint64 * max(1, n))(*[arg_bits(a) for a in args])
+    base = ctypes.addressof(slots)
+    params = (ctypes.c_void_p * max(1, n))(*range(base, base + 8 * n, 8))
+    g, b = _dims(grid), _dims(block)
+    s = cupy.cuda.get_current_stream().ptr if stream is None else stream
+    cfg = LaunchConfig(g[0], g[1], g[2], b[0], b[1], b[2], smem, s,
+                       ctypes.cast(attrs, ctypes.POINTER(LaunchAttribute)), nattrs)
+    err = lib.cuLaunchKernelEx(ctypes.byref(cfg), func_ptr, params, None)
+    if err != 0:
+        raise _launch_error(err, name)
