@@ -1,8 +1,8 @@
-"""cuLaunchKernelEx through ctypes (CuPy has no binding for it): prepared launches and the one-off PDL launch.
+"""cuLaunchKernelEx through ctypes (CuPy has no binding for it): prepared launches.
 
 Driver API, CUDA 12+ struct layouts (CUlaunchConfig; CUlaunchAttribute with a 64-byte value union). Every kernel
-argument gets an 8-byte parameter slot (``arg_bits``). Imports nothing of awq_cupy: ``jit`` (one-off PDL launches)
-and ``launch`` (matmul's prepared calls) both build on it.
+argument gets an 8-byte parameter slot (``arg_bits``). Imports nothing of awq_cupy: ``jit`` (a one-off PDL launch
+is a ``Launch`` fired once) and ``launch`` (matmul's prepared calls) both build on it.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import struct
 
 import numpy as np
 
-__all__ = ["Launch", "LaunchConfig", "LaunchAttribute", "launch_ex", "launch_attributes", "arg_bits", "cuda_driver"]
+__all__ = ["Launch", "LaunchConfig", "LaunchAttribute", "launch_attributes", "arg_bits", "cuda_driver"]
 
 
 CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
@@ -35,16 +35,13 @@ _attr_sets: dict = {}     # (pdl, cluster) -> ctypes array of attributes, kept a
 
 
 def cuda_driver():
-    """libcuda with cuLaunchKernelEx's signature declared (loaded at the first launch)."""
+    """libcuda, loaded at the first launch, with ``_launch_fn``: its cuLaunchKernelEx taking four addresses as
+    plain ints (config, function, parameter array, extra)."""
     global _libcuda, _launch_fn
     if _libcuda is None:
         lib = ctypes.CDLL("libcuda.so.1")
-        lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p,
-                                         ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)]
-        lib.cuLaunchKernelEx.restype = ctypes.c_int
-        fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(
-            ctypes.cast(lib.cuLaunchKernelEx, ctypes.c_void_p).value)
-        _launch_fn = fn
+        _launch_fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                      ctypes.c_void_p)(ctypes.cast(lib.cuLaunchKernelEx, ctypes.c_void_p).value)
         _libcuda = lib
     return _libcuda
 
@@ -136,24 +133,3 @@ class Launch:
         cfg = self._cfg
         return (f"Launch({self.kernel.name!r}, grid=({cfg.gridDimX}, {cfg.gridDimY}, {cfg.gridDimZ}), "
                 f"block={cfg.blockDimX}, smem={cfg.sharedMemBytes}, pdl={bool(cfg.numAttrs)})")
-
-
-def launch_ex(func_ptr: int, grid, block, args, smem: int = 0, pdl: bool = False, stream: int | None = None,
-              name: str = "kernel") -> None:
-    """A one-off cuLaunchKernelEx on the current CuPy stream (or ``stream``) with the PDL attribute if ``pdl``
-    (``jit.Kernel.launch(pdl=True)``)."""
-    import cupy
-
-    lib = cuda_driver()
-    attrs, nattrs = launch_attributes(pdl, None)
-    n = len(args)
-    slots = (ctypes.c_uint64 * max(1, n))(*[arg_bits(a) for a in args])
-    base = ctypes.addressof(slots)
-    params = (ctypes.c_void_p * max(1, n))(*range(base, base + 8 * n, 8))
-    g, b = _dims(grid), _dims(block)
-    s = cupy.cuda.get_current_stream().ptr if stream is None else stream
-    cfg = LaunchConfig(g[0], g[1], g[2], b[0], b[1], b[2], smem, s,
-                       ctypes.cast(attrs, ctypes.POINTER(LaunchAttribute)), nattrs)
-    err = lib.cuLaunchKernelEx(ctypes.byref(cfg), func_ptr, params, None)
-    if err != 0:
-        raise _launch_error(err, name)

@@ -459,9 +459,11 @@ class Kernel:
                                 f"(np.int32/np.float32/...), not a Python {type(a).__name__}")
         self.ensure_dynamic_smem(smem)
         if pdl:
-            from .driver import launch_ex
+            import cupy
 
-            launch_ex(self._func.ptr, grid, block, args, smem, pdl=True, name=self.name)
+            from .driver import Launch
+
+            Launch(self, grid, block, args, smem=smem, pdl=True, stream=cupy.cuda.get_current_stream().ptr).fire()
             return
         # stream=None: CuPy launches on the current stream of the calling thread.
         self._func(tuple(grid), tuple(block), args, shared_mem=smem)

@@ -202,9 +202,8 @@ def prepare_gemv(w, M: int, kind: str, arch, sms: int, stream: int, *, capturing
 def _resident(device: int):
     from .kernels import GEMM_WARPS, kernel
 
-    def resident(variant: str, smem: int) -> int:
-        family = "gemm_wg" if variant.startswith("awq_gemm_wg") else "gemm_tc"
-        return kernel(family, variant, device).resident_blocks(32 * GEMM_WARPS, smem)
+    def resident(wgmma: bool, variant: str, smem: int) -> int:
+        return kernel("gemm_wg" if wgmma else "gemm_tc", variant, device).resident_blocks(32 * GEMM_WARPS, smem)
 
     return resident
 
@@ -223,8 +222,7 @@ def prepare_gemm(w, M: int, kind: str, arch, sms: int, stream: int, *, batch_inv
     dev = w.device
     Np = w.NT * 64
     ws = workspace(plan.splits * M * Np, dev, stream) if plan.splits > 1 else NULL
-    launches = []
-    x_slots = ((0, 0),)
+    launches = []   # x goes to the first launch: the x-tile pass, or the GEMM itself
     xin = NULL
     if plan.wgmma:   # x as per-(token tile, 64-k unit) shared-memory images, each brought in by one bulk copy
         BM = 8 * plan.token_blocks
@@ -239,8 +237,6 @@ def prepare_gemm(w, M: int, kind: str, arch, sms: int, stream: int, *, batch_inv
                            (xin, w.qtiles, w.scales, w.zeros, NULL, NULL, ws, as_i32(M), as_i32(w.N), as_i32(w.K),
                             as_i32(plan.NT16), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(Np),
                             as_i32(plan.per)), smem=plan.smem, pdl=pdl, stream=stream))
-    if not plan.wgmma:
-        x_slots = ((g, 0),)
     y_slots, b_slots = [(g, 5)], [(g, 4)]
     if plan.splits > 1:
         cols = plan.reduce_cols
@@ -251,7 +247,7 @@ def prepare_gemm(w, M: int, kind: str, arch, sms: int, stream: int, *, batch_inv
                                pdl=pdl, stream=stream))
         y_slots.append((r, 2))
         b_slots.append((r, 1))
-    return PreparedCall(Path.GEMM, plan, launches, x_slots=x_slots, y_slots=y_slots, b_slots=b_slots)
+    return PreparedCall(Path.GEMM, plan, launches, x_slots=((0, 0),), y_slots=y_slots, b_slots=b_slots)
 
 
 def prepare_call(w, M: int, kind: str, stream: int, *, batch_invariant: bool = False,

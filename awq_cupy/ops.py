@@ -155,7 +155,7 @@ def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
     """
     rt = _rt if _rt is not None else _runtime()
     try:
-        calls, K, N, dev, dt = w._calls, w.K, w.N, w.device, w._xdtype
+        K, N, dev, dt = w.K, w.N, w.device, w._xdtype
     except AttributeError:
         raise TypeError(f"w must be an awq_cupy.QuantizedWeight, got {type(w).__name__}") from None
     # The O(1) checks of the common case; anything else (errors included) goes through _check_x.
@@ -193,16 +193,21 @@ def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
         yp = _check_out(out, x, xp, shape, M, K, N, dev)
     if M == 0:
         return out
-    stream = rt[1]().ptr
-    key = (M, stream, bp != 0, batch_invariant)
-    pc = calls.get(key)
+    _run(x, w, bias, out, M, xp, yp, bp, batch_invariant)
+    return out
+
+
+def _run(x, w, bias, out, M: int, xp: int, yp: int, bp: int, batch_invariant: bool) -> None:
+    """The checked call: the prepared call of its shape on the current stream (made at its first call), fired with
+    the pointers; the dequantize + cuBLAS path runs through ``_run_cublas``."""
+    key = (M, _rt[1]().ptr, bp != 0, batch_invariant)
+    pc = w._calls.get(key)
     if pc is None:
         pc = _prepare(w, key)
     if pc.capture_safe:
         pc.run(xp, yp, bp)
     else:
         _run_cublas(x, w, bias, out, M, key)
-    return out
 
 
 def _rows(shape) -> int:
@@ -301,10 +306,9 @@ class BoundMatmul:
     weight's device; ``out``, if given, exactly ``[..., N]`` of that dtype, C-contiguous, aligned and not
     overlapping ``x``. Anything else goes through ``matmul``'s full checks (and its errors). The bias is fixed at
     binding and must stay alive and unchanged in place of the one bound. The output is bitwise ``matmul``'s. Runs
-    on the current stream at each call (a prepared call per stream), and the weight's reload rules apply
-    (``settings.reload`` drops its plans too)."""
+    on the current stream at each call, with the weight's cached plans (``settings.reload`` drops them)."""
 
-    __slots__ = ("w", "bias", "batch_invariant", "x_shape", "out_shape", "M", "_dtype", "_bp", "_pcs")
+    __slots__ = ("w", "bias", "batch_invariant", "x_shape", "out_shape", "M", "_dtype", "_bp")
 
     def __init__(self, w, shape, *, bias=None, batch_invariant: bool = False):
         if not isinstance(w, QuantizedWeight):
@@ -323,12 +327,12 @@ class BoundMatmul:
         if self.M == 0:
             raise ValueError(f"shape={shape} has no rows: nothing to bind")
         self._dtype = w._xdtype
-        _rt if _rt is not None else _runtime()
+        if _rt is None:
+            _runtime()
         if bias is not None:
             bias = _check_bias(bias, w, w._xdtype)
         self.bias = bias
         self._bp = 0 if bias is None else bias.data.ptr
-        self._pcs: dict = {}     # stream -> prepared call (dropped with the weight's plans)
 
     def __call__(self, x, out=None):
         rt = _rt
@@ -351,15 +355,7 @@ class BoundMatmul:
                 return matmul(x, w, self.bias, out, batch_invariant=self.batch_invariant)
         else:
             return matmul(x, w, self.bias, out, batch_invariant=self.batch_invariant)
-        stream = rt[1]().ptr
-        key = (self.M, stream, self._bp != 0, self.batch_invariant)
-        pc = w._calls.get(key)
-        if pc is None:
-            pc = _prepare(w, key)
-        if pc.capture_safe:
-            pc.run(xp, yp, self._bp)
-        else:
-            _run_cublas(x, w, self.bias, out, self.M, key)
+        _run(x, w, self.bias, out, self.M, xp, yp, self._bp, self.batch_invariant)
         return out
 
     def __repr__(self) -> str:
@@ -374,6 +370,7 @@ def dequantize(w, dtype=None, *, out=None):
     import cupy
 
     from .kernels import dequant_tiles_variant, kernel
+
     if not isinstance(w, QuantizedWeight):
         raise TypeError(f"w must be an awq_cupy.QuantizedWeight, got {type(w).__name__}")
     kind = w.dtype if dtype is None else dtype_name(dtype)

@@ -114,16 +114,16 @@ def gemv_shape_args(w, plan: GemvPlan) -> tuple:
 
 
 def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, sm_count: int,
-                     resident: Callable[[str, int], int], *, batch_invariant: bool = False,
+                     resident: Callable[[bool, str, int], int], *, batch_invariant: bool = False,
                      tiles: int | None = None, splits: int | None = None, wgmma: bool | None = None,
                      depth: int | None = None, pend: int | None = None, reduce_cols: int | None = None,
                      ksplit: int | None = None) -> GemmPlan:
     """The fused GEMM's whole launch plan for M rows, variant included: the wgmma kernel where ``uses_wgmma``
     (or ``wgmma``), its shape for M (``gemm_shape_for``), split-K planned over the CTAs the GPU holds at once
-    (``resident(variant, smem)``: CTAs of that kernel one SM holds; batch-invariant calls plan for one per SM so
-    that no variant's occupancy enters), two K streams where ``wgmma_ksplit`` says so, the two-CTAs-per-SM PEND
-    variant where ``wgmma_pend`` does, and the reduce kernel's columns (``reduce_columns``). The other arguments
-    force a choice (for tuning and probes)."""
+    (``resident(wgmma, variant, smem)``: CTAs of that kernel one SM holds; batch-invariant calls plan for one
+    per SM so that no variant's occupancy enters), two K streams where ``wgmma_ksplit`` says so, the two-CTAs-per-SM
+    PEND variant where ``wgmma_pend`` does, and the reduce kernel's columns (``reduce_columns``). The other
+    arguments force a choice (for tuning and probes)."""
     from .kernels import gemm_sw_smem_bytes, gemm_sw_variant, gemm_wg_smem_bytes, gemm_wg_variant
 
     wg = uses_wgmma(arch, None if batch_invariant else M) if wgmma is None else wgmma
@@ -131,7 +131,7 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
     aligned = aligned_groups(group_size, max(1, K // group_size))
 
     def planned(variant: str, smem: int, ks) -> GemmPlan:
-        res = sm_count if batch_invariant else resident(variant, smem) * sm_count
+        res = sm_count if batch_invariant else resident(wg, variant, smem) * sm_count
         return plan_gemm(M, K, N, group_size, wgmma=wg, sm_count=sm_count, resident=res, tiles=tw, splits=splits,
                          batch_invariant=batch_invariant, depth=depth, ksplit=ks)
 
