@@ -1,14 +1,15 @@
 """``python -m awq_cupy bench``: awq_cupy against cuBLAS fp16 on real model layer shapes.
 
-Method (gpu-notes.md §6), the same for every contender:
+Method (docs/benchmarking.md §Timing one call), the same for every contender:
 * L2 is defeated by rotating over enough weight copies (>= ``--rotate-mb`` MB per contender, default 512).
 * Python launch gaps are kept out by preloading the GPU queue: a spin kernel busies the GPU while the host
   enqueues the start event, the timed calls and the end event, which then run back to back. A trial whose host
   enqueue outlasted the spin is repeated with a longer spin.
 * Outputs are validated against a float32 cuBLAS product of the exact dequantized weight before timing.
 * Each figure is the median over ``--trials`` trials of the mean time per call.
-Bytes for TB/s follow performance.md: int4 weights + fp16 scales + int4 zeros + activations + outputs (fp16
-weights for cuBLAS); ceilings: 4.5 TB/s measured HBM read, 790 TFLOP/s measured cuBLAS fp16.
+Bytes for TB/s follow docs/benchmarking.md §Bytes and ratios: int4 weights + fp16 scales + int4 zeros +
+activations + outputs (fp16 weights for cuBLAS); ceilings: 4.5 TB/s measured HBM read, 790 TFLOP/s measured
+cuBLAS fp16.
 """
 from __future__ import annotations
 
@@ -87,10 +88,10 @@ class Timer:
     def __init__(self):
         import cupy
 
-        from .kernels import kernel
+        from .kernels import SPIN_KERNEL, kernel
 
         self.cupy = cupy
-        self.spin = kernel("bench_util", "awq_spin_kernel")
+        self.spin = kernel(SPIN_KERNEL)
 
     def __call__(self, fn, n_calls: int, trials: int) -> float:
         cp = self.cupy

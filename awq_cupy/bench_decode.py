@@ -140,9 +140,9 @@ def host_us(fns: dict, n: int = 200, rounds: int = 9) -> dict:
     call."""
     import cupy
 
-    from .kernels import kernel
+    from .kernels import SPIN_KERNEL, kernel
 
-    spin = kernel("bench_util", "awq_spin_kernel")
+    spin = kernel(SPIN_KERNEL)
     s = cupy.cuda.get_current_stream()
     for fn in fns.values():
         for _ in range(3):

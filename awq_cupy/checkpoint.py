@@ -1,6 +1,6 @@
 """AutoAWQ checkpoint I/O: ``load_checkpoint`` (any of the four formats, lazy) and ``save_checkpoint`` (gemm).
 
-Reading (spec §1, §6, §8 P1/P3/P12/P15/P21):
+Reading (docs/formats.md §Config and version tags; docs/formats.md §Checkpoint pitfalls):
 
 * ``path`` is a directory holding ``config.json`` with ``quantization_config`` (or an older
   ``quant_config.json`` / ``quantize_config.json``) and the weights: ``model.safetensors``, or shards listed in
@@ -23,9 +23,9 @@ Progress: ``progress=True`` prints a stderr progress line per shard opened or wr
 nothing, a callable receives ``(done, total, description)``. The default (None) prints only when stderr is a
 terminal and the checkpoint holds at least 2 GiB of weights.
 
-Writing: ``save_checkpoint`` always writes AutoAWQ's interoperable ``gemm`` layout (spec §8 P15), converting
-layers given in any format, with a transformers-style ``config.json``. Sharded output follows the Hugging Face
-naming (``model-00001-of-00003.safetensors`` + ``model.safetensors.index.json``).
+Writing: ``save_checkpoint`` always writes AutoAWQ's interoperable ``gemm`` layout, converting layers given in
+any format, with a transformers-style ``config.json`` (docs/formats.md §Converting and writing). Sharded output
+follows the Hugging Face naming (``model-00001-of-00003.safetensors`` + ``model.safetensors.index.json``).
 """
 from __future__ import annotations
 
@@ -56,12 +56,13 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 _SHARD_RE = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 
-# version tags -> on-disk format. exllama/exllamav2/ipex are load-time kernel choices over gemm files (§5.1).
+# version tags -> on-disk format. exllama/exllamav2/ipex are load-time kernel choices over gemm files
+# (docs/formats.md §Config and version tags).
 _VERSION_ALIASES = {
     "gemm": "gemm", "gemv": "gemv", "gemv_fast": "gemv_fast", "gemvfast": "gemv_fast", "marlin": "marlin",
     "exllama": "gemm", "exllamav2": "gemm", "ipex": "gemm",
 }
-_ZERO_NAMES = ("qzeros", "scaled_zeros")        # AutoAWQ / llm-awq names of the zero tensor (§8 P3)
+_ZERO_NAMES = ("qzeros", "scaled_zeros")        # AutoAWQ / llm-awq (docs/formats.md §The gemv_fast layout)
 _LAYER_PARTS = ("qweight",) + _ZERO_NAMES + ("scales",)
 _FLOAT_CODES = ("F16", "BF16", "F32")
 _AUTO_PROGRESS_BYTES = 2 << 30                 # default progress only for checkpoints of at least 2 GiB
@@ -109,7 +110,7 @@ class QuantConfig:
         zero_point = d.get("zero_point", True)
         if not isinstance(zero_point, bool):
             raise CheckpointError(f"{source}: zero_point={zero_point!r} must be true or false")
-        raw_version = d.get("version") or "gemm"     # a missing tag means gemm (§8 P1)
+        raw_version = d.get("version") or "gemm"     # missing means gemm (docs/formats.md §Config and version tags)
         version = _VERSION_ALIASES.get(str(raw_version).lower())
         if version is None:
             raise CheckpointError(
@@ -425,7 +426,9 @@ def _load_layer(module: str, prefix: str, where: Mapping[str, SafetensorsFile], 
                           source=qfile)
 
 
-_PART_CODES = {  # allowed declared dtypes per format and tensor (spec §1); shapes come from formats.packed_shapes
+# allowed declared dtypes per format and tensor (docs/formats.md §Layouts at a glance); shapes come from
+# formats.packed_shapes
+_PART_CODES = {
     "gemm": {"qweight": ("I32",), "zeros": ("I32",), "scales": _FLOAT_CODES},
     "gemv": {"qweight": ("I32",), "zeros": ("I32",), "scales": _FLOAT_CODES},
     "gemv_fast": {"qweight": ("I16",), "zeros": _FLOAT_CODES, "scales": _FLOAT_CODES},

@@ -14,10 +14,11 @@ token blocks, from which ``plans.gemv_tiles_for`` picks the variant per layer sh
 (``H200_GEMV_SLOT``). ``gemv_kd2_slot``: the same for its pairs with two 64-k blocks per unit, from which
 ``plans.gemv_kdepth_for`` decides whether they replace that pick; None: the H200's (``H200_GEMV_KD2_SLOT``).
 
-The built-in rows below were measured with ``python -m awq_cupy bench`` (bench/NOTES.md). ``python -m awq_cupy
-tune`` measures them on the GPU at hand and writes a JSON table; ``for_arch`` reads that file when it exists:
-``$AWQ_CUPY_DISPATCH`` if set (``builtin`` ignores every file), else ``<cache dir>/dispatch.json`` (the compile
-cache directory, ``$AWQ_CUPY_CACHE_DIR`` or ``~/.cache/awq_cupy``). Archs without a row use ``default``.
+The built-in rows below were measured with ``python -m awq_cupy bench`` (docs/design.md §Crossovers).
+``python -m awq_cupy tune`` measures them on the GPU at hand and writes a JSON table; ``for_arch`` reads that file
+when it exists: ``$AWQ_CUPY_DISPATCH`` if set (``builtin`` ignores every file), else ``<cache dir>/dispatch.json``
+(the compile cache directory, ``$AWQ_CUPY_CACHE_DIR`` or ``~/.cache/awq_cupy``). Archs without a row use
+``default``.
 """
 from __future__ import annotations
 
@@ -34,16 +35,13 @@ GEMV_WIDE_LIMIT = 32  # and per layer shape (plans.gemv_wide_takes: three and fo
 # The GEMV's blocks per warp unit (plans.gemv_tiles_for) come from a time per 16-column block slot of its 2-, 3- and
 # 4-block variants, per activation dtype and token blocks (1: M <= 8, 2: M = 9..16, 3 and 4: up to 24 and 32),
 # relative to the 4-block one (at four token blocks the 3-block one: there are no fours).
-# H200: `tune.fit_gemv_slot` at one token block over bench/results/h200_gemv_sweep_v29.txt for fp16 (the Mistral-7B
-# and Llama-2-70B layers, 2, 3, 4, 5, 14 and 28 blocks per CTA; M = 1) and h200_gemv_sweep_v37_bf16_m1.txt for bf16
-# (the same layers, M = 1 and 8), and at two token blocks over h200_gemv_sweep_v36_m16.txt (M = 16, the same layers;
-# v36: the pairs there decode scaled weights at 16 warps). With the two-k-block pairs' times below, each picks the
-# measured fastest variant on every swept layer (bench/NOTES.md v29, v36, v37). A row without its own ``gemv_slot``
-# uses these; `python -m awq_cupy tune` fits the GPU's own (one and two token blocks).
-# Three and four token blocks: set by hand over the v40 sweep (bench/results/h200_gemv_wide_sweep_v40.txt:
-# Mistral-7B M = 17..32 fp16, 17, 24, 32 bf16; Llama-2-70B M = 17, 24, 32 fp16 and bf16). They pick the fastest
-# variant on every layer row that plans.gemv_wide_takes gives the GEMV but three: two ties (0.05 us) and bf16
-# Mistral-7B o at M = 24 (8.86 against 8.60 us).
+# H200, one and two token blocks: `tune.fit_gemv_slot` over sweeps of the Mistral-7B and Llama-2-70B layers (2, 3,
+# 4, 5, 14 and 28 blocks per CTA; M = 1 and 8, and M = 16 where the pairs decode scaled weights at 16 warps). With
+# the two-k-block pairs' times below they pick the measured fastest variant on every swept layer. A row without its
+# own ``gemv_slot`` uses these; `python -m awq_cupy tune` fits the GPU's own (one and two token blocks).
+# Three and four token blocks: set by hand over the same layers at M = 17..32; on the layer rows
+# plans.gemv_wide_takes gives the GEMV they pick the fastest variant on all but three, none of those more than 3%
+# off (docs/design.md §Crossovers).
 GEMV_SLOT_TILES = (2, 3, 4)
 H200_GEMV_SLOT = {"float16": {1: {4: 1.0, 3: 1.0, 2: 1.18}, 2: {4: 1.0, 3: 1.04, 2: 1.15},
                               3: {4: 1.0, 3: 1.1, 2: 1.2}, 4: {3: 1.0, 2: 1.2}},
@@ -52,11 +50,10 @@ H200_GEMV_SLOT = {"float16": {1: {4: 1.0, 3: 1.0, 2: 1.18}, 2: {4: 1.0, 3: 1.04,
 
 # The pair variants with two 64-k blocks per unit (kdepth 2; groups of whole 64-k blocks): their time per block slot
 # on the same scale, per dtype and token blocks (``plans.gemv_kdepth_for`` takes them where they cost less than the
-# tiles' choice). H200: `tune.fit_gemv_kd2` over the same sweeps with the slot times above. fp16: they run Mistral-7B's
-# o and down up to M = 8 (a tie with pairs at M = 1, faster at 8: o 5.59 -> 5.51, down 12.60 -> 12.26 us,
-# h200_gemv_ab_kd2_plan_v29.txt); bf16 (v37, two sweeps agreeing) o, gate_up and down up to M = 8 (o a tie, down
-# 11.7 -> 11.5 us at M = 1 and 12.4 -> 12.0 at 8, gate_up 0-0.1 us). From 9 tokens the plain pairs, scaled at 16
-# warps since v36, are faster than them on every measured layer.
+# tiles' choice). H200: `tune.fit_gemv_kd2` over the same sweeps with the slot times above. They take Mistral-7B's o
+# and down up to M = 8 (bf16: gate_up too), where they tie with the plain pairs at one token or run a few percent
+# faster. From 9 tokens the plain pairs, which decode scaled weights at 16 warps, are faster than them on every
+# measured layer (docs/design.md §GEMV (gemv_tc)).
 H200_GEMV_KD2_SLOT = {"float16": {1: 1.16, 2: 1.16}, "bfloat16": {1: 1.07, 2: 1.28}}
 
 
@@ -189,39 +186,15 @@ class Dispatch:
 
 
 TABLE: dict[str, Dispatch] = {
-    # H200 (sm_90), 2026-11-30, `python -m awq_cupy tune` over the Mistral-7B layers (bench/results/
-    # dispatch_h200.json, NOTES v11): the GEMV beats the fused GEMM up to M = 12 (92.6 vs 95.0 us), the GEMM with
-    # cost-model split-K wins from M = 16 (96.0 vs 101.5 us); the GEMM beats dequantize + cuBLAS at M = 128
-    # (265 vs 357 us) and loses at M = 256 (506 vs 357 us). After v12 (NOTES v12): `tune` kept 12 and 256 (M = 12
-    # GEMV 91.6 vs GEMM 94.1 us; M = 256 wgmma GEMM 393 vs 357 us); the mma.sync GEMM beats the wgmma one up to
-    # M = 32 (104.0 vs 108.6 us) and loses from M = 48 (145.4 vs 124.7 us).
-    # v13 (NOTES): the wgmma GEMM with x by bulk copies beats dequantize + cuBLAS at M = 256 (244.6 vs 357 us) and
-    # is level with it at M = 1024 (761 vs 743 us), so dequantize + cuBLAS runs from M = 1024.
-    # v14 (NOTES): `tune` on the v13/v14 kernels (bench/results/dispatch_h200.json): dequantize + cuBLAS beats the
-    # fused GEMM from M = 768 (626.8 vs 693.9 us; M = 512: 485.5 vs 440.3); the GEMV and the GEMM tie at M = 12
-    # (90.0 vs 89.4 us, 92.6 vs 95.0 in the previous tune): 12 kept. With one block per warp and 6 units in
-    # registers the wgmma GEMM beats the mma.sync one from the 32-token tile on (bench/gemm_sweep.py: M = 20
-    # 97.2 vs 102.3 us, M = 32 98.6 vs 103.9), not at M = 16 (95.4 vs 88.8): wgmma from M = 17.
-    # v16 (NOTES): x^T in the layout's k order, one 16-byte load per 32-k half, took the GEMV's 16-token variant
-    # off its L1 limit. `tune` (bench/results/dispatch_h200_v16.json, h200_tune_v16.txt): GEMV 62.7 / 63.6 us
-    # against the best GEMM's 81.0 / 81.2 at M = 12 / 16: GEMV up to 16. Its other two values are kept: wgmma from
-    # 17 (it measured 24 because the mma.sync GEMM is 0.5 us ahead at M = 16, now a GEMV size; at M = 20 wgmma
-    # leads 86.3 vs 105.0), dequantize + cuBLAS from 768 (628.3 vs 678.5 us; it measured 1536 because M = 1024 is
-    # a tie, 761.0 vs 759.1).
-    # v18 (NOTES): from M = 512 the choice is per layer shape, by a cost model fitted to the v16 tune
-    # (bench/results/h200_tune_v16.txt: the fused GEMM's 256-token unit 0.86-0.92 us, dequantize ~3.1 TB/s,
-    # cuBLAS fp16 700-790 TFLOP/s at M >= 512): at M = 1024 it keeps qkv (192 tiles: 1.45 waves) on cuBLAS and
-    # runs o, gate_up and down fused (one wave of 128 tiles, 6.8 waves, one wave).
-    # v20 (NOTES): weights in batches made the wgmma GEMM 6-12% faster; `tune` on it (bench/results/
-    # h200_tune_v20.txt, dispatch_h200_v20.json): the fused GEMM wins on every layer up to M = 512 (qkv 49.7 vs
-    # 56.6 us, o 38.5 vs 42.2), dequantize + cuBLAS first wins at M = 768 (qkv 72.7 vs 101.0): the model from 768.
-    # Refitted to that tune's per-layer times at M >= 768: 0.78 us per unit, 2.6 TB/s, 760 TFLOP/s pick the
-    # faster path wherever the two differ by more than 4%; it misses qkv at M = 2048 (cuBLAS 153.4 vs 159.6 us).
-    # (2.6 TB/s is below the dequantize kernel's own ~3.1: it stands in for that path's fixed costs, which the small
-    # layers feel; 0.74 us / 3.1 TB/s fits the tune as well but sends every layer at M = 4096 to the fused GEMM,
-    # which the measured 0.78-0.84 us per unit there would make ~4% slower than dequantize + cuBLAS.)
-    # v41 (NOTES): the GEMV's three- and four-token-block variants beat the wgmma GEMM at 17..32 rows on the layers
-    # plans.gemv_wide_takes gives them (bench/results/h200_gemv_wide_sweep_v40.txt): gemv_wide_max_m 32.
+    # H200 (sm_90), from `python -m awq_cupy tune` over the Mistral-7B layers (docs/design.md §Crossovers). The
+    # GEMV up to 16 rows, where its 16-token variant beats every GEMM, and to 32 on the shapes plans.gemv_wide_takes
+    # gives its three- and four-token-block variants. The wgmma GEMM from 17: it beats the mma.sync one from the
+    # 32-token tile on; the mma.sync one leads only at M <= 16, which the GEMV takes. From M = 768 (the fused GEMM
+    # wins on every layer up to 512) the cost model picks per layer shape; its three constants are fitted to the
+    # tune's per-layer times at M >= 768 and pick the faster path wherever the two differ by more than 4%.
+    # dequant_tbps sits below the dequantize kernel's own bandwidth (~3.1 TB/s) because it also stands in for that
+    # path's fixed costs, which the small layers feel: at the kernel's own bandwidth the model sends every layer at
+    # M = 4096 to the fused GEMM, ~4% slower there than dequantize + cuBLAS.
     "90": Dispatch(gemv_max_m=16, cublas_min_m=768, wgmma_min_m=17, fused_unit_us=0.78, dequant_tbps=2.6,
                    cublas_tflops=760.0, gemv_wide_max_m=32),
     "default": Dispatch(gemv_max_m=12, cublas_min_m=256),

@@ -48,7 +48,7 @@ def cuda_driver():
 
 def launch_attributes(pdl: bool, cluster: tuple | None):
     """(array, count) of the launch attributes for PDL and / or cluster dimensions, built once per set (launches
-    use PDL alone; bench/cluster_occupancy.py asks for cluster shapes)."""
+    use PDL alone; bench/probes/cluster_occupancy.py asks for cluster shapes)."""
     key = (bool(pdl), tuple(cluster) if cluster else None)
     got = _attr_sets.get(key)
     if got is None:

@@ -1,4 +1,4 @@
-"""AWQ on-disk layouts: pack, unpack, detect and convert (numpy or CuPy arrays, docs/awq-formats.md §1-§6).
+"""AWQ on-disk layouts: pack, unpack, detect and convert (numpy or CuPy arrays; docs/formats.md).
 
 Logical convention
 ------------------
@@ -25,14 +25,14 @@ gemv_fast   int16 [N/4, K], 4-row interleave      qzeros/scaled_zeros [8·ZW, N]
 marlin      int32 [K/16, 2N], Marlin tiles        none (symmetric, Z = 8)          fp16 [NG, N], permuted
 =========== ===================================== ================================ ==========================
 
-``ZW = zeros_width(K, G)`` (spec §3.1). ``bias`` (fp16 [N]) is the same in every format and is not touched by
-``pack``/``unpack``; the converters pass it through.
+``ZW = zeros_width(K, G)`` (docs/formats.md §Group sizes). ``bias`` (fp16 [N]) is the same in every format and
+is not touched by ``pack``/``unpack``; the converters pass it through.
 
 Dtype rules
 -----------
 * Packed words (``qweight``/``qzeros`` of gemm, gemv, marlin) are int32 on disk but only bit containers: int32
-  and uint32 are both accepted and always read as unsigned (spec §8 P17). ``pack`` returns int32 (int16 for the
-  gemv_fast ``qweight``), like AutoAWQ writes them.
+  and uint32 are both accepted and always read as unsigned (docs/formats.md §Conventions). ``pack`` returns
+  int32 (int16 for the gemv_fast ``qweight``), like AutoAWQ writes them.
 * Float tensors (scales, gemv_fast zeros) may be float16, float32, ``ml_dtypes.bfloat16`` (numpy only) or
   **uint16, which is read as bfloat16 bit patterns** (``safetensors.numpy`` cannot return bf16 tensors, so
   llm-awq's bf16 checkpoints arrive that way). ``unpack`` returns S as float16 and raises when a value is not
@@ -45,8 +45,8 @@ Group sizes and detection
 gemv_fast additionally need G >= 128 or G in {32, 64} (their padded zero width, ``zeros_width``), gemv_fast
 needs K % 64 == 0 and marlin K % 16 == 0 and N % 64 == 0; every format needs N % 8 == 0.
 ``detect_format`` (K and N known) and ``infer_shape`` (only the tensors) read the format from qweight's dtype
-and the shapes of qweight, zeros and scales (spec §6.2); the scales shape separates gemm from gemv, square
-layers included. Neither trusts a config's ``version`` tag.
+and the shapes of qweight, zeros and scales (docs/formats.md §Detection); the scales shape separates gemm from
+gemv, square layers included. Neither trusts a config's ``version`` tag.
 
 All public functions validate their inputs and raise ``TypeError`` (wrong dtype), ``ValueError`` (a shape or
 value rule) or ``FormatError`` (a ``ValueError``: packed tensors that match no format or disagree with each
@@ -87,16 +87,17 @@ __all__ = [
 
 FORMATS = ("gemm", "gemv", "gemv_fast", "marlin")
 
-# "AWQ order" (spec §2.2): nibble slot i of a gemm word holds logical element ORDER[i]. The lop3 int4->fp16
-# conversion emits a word's slots in the order (0,4),(1,5),(2,6),(3,7); storing element j in slot REV[j]
-# makes that output come out as elements 0..7 in order.
+# "AWQ order" (docs/formats.md §The gemm layout): nibble slot i of a gemm word holds logical element ORDER[i].
+# The lop3 int4->fp16 conversion emits a word's slots in the order (0,4),(1,5),(2,6),(3,7); storing element j
+# in slot REV[j] makes that output come out as elements 0..7 in order.
 ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 REV = tuple(int(i) for i in np.argsort(ORDER))  # (0, 4, 1, 5, 2, 6, 3, 7): element j lives in slot REV[j]
 _SEQ = tuple(range(8))                           # gemv: element i in slot i
 
-# Marlin scale permutations (spec §5.4). Grouped scales: an 8x8 transpose of every 64-column chunk, so lane
-# c = lane // 4 reads its fragment columns c + 8m as 8 consecutive halves. Per-channel scales (G = K) follow the
-# mma accumulator layout instead, because Marlin applies them at write-out; 32-column chunks.
+# Marlin scale permutations (docs/formats.md §The marlin layout). Grouped scales: an 8x8 transpose of every
+# 64-column chunk, so lane c = lane // 4 reads its fragment columns c + 8m as 8 consecutive halves. Per-channel
+# scales (G = K) follow the mma accumulator layout instead, because Marlin applies them at write-out; 32-column
+# chunks.
 SCALE_PERM = tuple(i + 8 * j for i in range(8) for j in range(8))
 SINGLE_PERM = tuple(2 * i + d for i in range(4) for d in (0, 1, 8, 9, 16, 17, 24, 25))
 _SCALE_PERM_INV = tuple(int(i) for i in np.argsort(SCALE_PERM))
@@ -149,7 +150,7 @@ def _ceil_div(a: int, b: int) -> int:
 def _check_fmt(fmt) -> str:
     if not isinstance(fmt, str):
         raise TypeError(f"fmt must be a string, one of {FORMATS}, got {fmt!r}")
-    f = fmt.lower()   # checkpoints write "GEMM" as often as "gemm" (spec §8 P1)
+    f = fmt.lower()   # checkpoints write "GEMM" as often as "gemm" (docs/formats.md §Checkpoint pitfalls)
     if f not in FORMATS:
         raise ValueError(f"unknown AWQ format {fmt!r}; supported formats are {FORMATS}")
     return f
@@ -177,7 +178,7 @@ def resolve_group_size(group_size, K) -> int:
 
 
 def zeros_width(K, G) -> int:
-    """Number of int32 zero words per output row of the gemv layout (spec §3.1); gemv/gemv_fast pad to it.
+    """Number of int32 zero words per output row of gemv/gemv_fast, which pad to it (docs/formats.md §Group sizes).
 
     Groups are packed 8 per word, and the width is rounded up to a multiple of 2 (G = 64) or 4 (G = 32) so the
     reference GEMV kernel's 1024-wide k-blocks align. Those layouts define no other G below 128, so any other
@@ -211,7 +212,7 @@ def _check_layer(fmt: str, K, N, group_size) -> int:
         zeros_width(K, G)
     elif fmt == "gemv_fast":
         if K % 64:
-            raise ValueError(f"K={K} is not a multiple of 64, which gemv_fast needs (64-wide K chunks, §4.2)")
+            raise ValueError(f"K={K} is not a multiple of 64, which gemv_fast needs (64-wide K chunks)")
         zeros_width(K, G)
     elif fmt == "marlin":
         if K % 16:
@@ -427,7 +428,8 @@ def _unpack_nibbles(xp, words, slot_of_element):
 # --------------------------------------------------------------------------------------------------------------
 
 def _pack_gemm(xp, Q, Z, S16, K, N, G):
-    # Spec §2.1: word [r, c] holds element 8c + ORDER[i] of row r in slot i, for qweight and qzeros alike.
+    # docs/formats.md §The gemm layout: word [r, c] holds element 8c + ORDER[i] of row r in slot i, for qweight
+    # and qzeros alike.
     return {
         "qweight": _pack_nibbles(xp, Q.reshape(K, N // 8, 8), ORDER, xp.int32),
         "qzeros": _pack_nibbles(xp, Z.reshape(K // G, N // 8, 8), ORDER, xp.int32),
@@ -436,7 +438,8 @@ def _pack_gemm(xp, Q, Z, S16, K, N, G):
 
 
 def _pack_gemv(xp, Q, Z, S16, K, N, G):
-    # Spec §3.2: transposed ([N, ...]), packed sequentially along K; zeros and scales padded to ZW words.
+    # docs/formats.md §The gemv layout: transposed ([N, ...]), packed sequentially along K; zeros and scales
+    # padded to ZW words.
     NG, ZW = K // G, zeros_width(K, G)
     qweight = _pack_nibbles(xp, Q.T.reshape(N, K // 8, 8), _SEQ, xp.int32)
     zpad = xp.zeros((N, 8 * ZW), dtype=xp.uint8)
@@ -447,7 +450,8 @@ def _pack_gemv(xp, Q, Z, S16, K, N, G):
             "scales": scales}
 
 
-# gemv_fast closed form (spec §4.2). Write k = 64c + 32h + 8u + 2a + v and n = 4r + i. Element Q[k, n] is nibble
+# gemv_fast closed form (docs/formats.md §The gemv_fast layout). Write k = 64c + 32h + 8u + 2a + v and
+# n = 4r + i. Element Q[k, n] is nibble
 #   e = 256c + 64i + 32h + 8a + 4v + u
 # of packed row r, and nibble e sits in int16 e // 4 at slot e % 4 (= u). Both directions are one transpose:
 #   logical axes  (c, h, u, a, v | r, i)   <->   packed axes  (r | c, i, h, a, v | u)
@@ -462,13 +466,13 @@ def _pack_gemv_fast(xp, Q, Z, S16, K, N, G):
     scales = xp.zeros((8 * ZW, N), dtype=xp.float16)
     scales[:NG] = S16
     # SZ = -(S*Z): the product is exact in float32 (11-bit mantissa x 4-bit integer) and rounded once to fp16,
-    # which is what AutoAWQ stores (spec §4.1). Padded rows stay +0.
+    # which is what AutoAWQ stores (docs/formats.md §The gemv_fast layout). Padded rows stay +0.
     szeros = xp.zeros((8 * ZW, N), dtype=xp.float16)
     szeros[:NG] = (-(S16.astype(xp.float32) * Z.astype(xp.float32))).astype(xp.float16)
     return {"qweight": qweight, "qzeros": szeros, "scales": scales}
 
 
-# Marlin tile (spec §5.3). Write k = 16kt + 8f + 2r + e and n = 64nt + 16j + 8h + c. Word
+# Marlin tile (docs/formats.md §The marlin layout). Write k = 16kt + 8f + 2r + e and n = 64nt + 16j + 8h + c. Word
 # qweight[kt, 128nt + 4(4c + r) + j] holds, at value index 4h + 2f + e, the element Q[k, n]; value index idx
 # sits in slot REV[idx] (ORDER applied inside every word).
 _MARLIN_TO_PACKED = (0, 4, 7, 2, 5, 6, 1, 3)    # (kt,f,r,e,nt,j,h,c) -> (kt,nt,c,r,j,h,f,e)
@@ -698,8 +702,9 @@ def unpack(tensors, fmt, in_features, group_size, *, strict: bool = True):
 def unpack_scaled_zeros(tensors, in_features, group_size):
     """gemv_fast tensors as the kernels see them: ``(Q uint8 [K, N], S float32 [K/G, N], SZ float32 [K/G, N])``.
 
-    ``W = Q·S + SZ`` (spec §4.1). S and SZ are the stored values (float16/bfloat16/float32) converted exactly
-    to float32, padding dropped; no zero point is recovered, so this works for any gemv_fast tensors.
+    ``W = Q·S + SZ`` (docs/formats.md §The gemv_fast layout). S and SZ are the stored values
+    (float16/bfloat16/float32) converted exactly to float32, padding dropped; no zero point is recovered, so this
+    works for any gemv_fast tensors.
     """
     p = _load_packed(tensors, "gemv_fast", in_features, group_size)
     NG = p.K // p.G
@@ -713,7 +718,9 @@ def unpack_scaled_zeros(tensors, in_features, group_size):
 # --------------------------------------------------------------------------------------------------------------
 
 def _shape_candidates(tensors) -> list:
-    """Formats whose shape rules (spec §6.2) the tensors satisfy, as LayerShape(fmt, K, N); shapes only.
+    """Formats whose shape rules (docs/formats.md §Detection) the tensors satisfy, as LayerShape(fmt, K, N).
+
+    Only shapes are compared.
 
     The rules are mutually exclusive, so at most one candidate comes back:
     * qweight int16/uint16 [R, C]: gemv_fast with K = C, N = 4R; zeros and scales [8·ZW, N].
@@ -760,7 +767,7 @@ def _shape_candidates(tensors) -> list:
 
 
 def detect_format(tensors, in_features, out_features) -> str:
-    """The AWQ format of one layer's tensors, from dtypes and shapes (spec §6.2), for a known K x N layer.
+    """The AWQ format of a known K x N layer's tensors, from dtypes and shapes (docs/formats.md §Detection).
 
     int16 qweight -> gemv_fast; int32 qweight without zeros and [K/16, 2N] -> marlin; otherwise gemm
     ([K, N/8]) or gemv ([N, K/8]), told apart by the ``scales`` shape ([K/G, N] vs [N, 8·ZW]), which also
@@ -825,8 +832,8 @@ def convert(tensors, src_fmt, dst_fmt, in_features, group_size, *, strict: bool 
 def to_gemm(tensors, fmt, in_features, group_size, *, strict: bool = True) -> dict:
     """The gemm tensors (qweight, qzeros, scales, and bias if present) of one layer stored as ``fmt``.
 
-    gemm is the only layout vLLM and most tools read (spec §8 P15). From gemv_fast, Z is recovered as
-    rint(-SZ/S): exact for checkpoints AutoAWQ or llm-awq wrote, where SZ = -(S·Z) rounded once (verified
-    unless ``strict=False``). From marlin, qzeros are all 8.
+    gemm is the only layout vLLM and most tools read (docs/formats.md §Converting and writing). From gemv_fast,
+    Z is recovered as rint(-SZ/S): exact for checkpoints AutoAWQ or llm-awq wrote, where SZ = -(S·Z) rounded once
+    (verified unless ``strict=False``). From marlin, qzeros are all 8.
     """
     return convert(tensors, fmt, "gemm", in_features, group_size, strict=strict)

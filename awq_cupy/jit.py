@@ -38,7 +38,7 @@ import numpy as np
 __all__ = [
     "Arch", "ARCHS", "KernelFamily", "Resources", "CompiledFamily", "Kernel", "CompileError",
     "UnsupportedArchError", "arch_for_cc", "arch_of_device", "compile_family", "get_kernel", "read_source",
-    "cache_dir",
+    "cache_dir", "kernel_dir", "variant_expr",
 ]
 
 # Bump when the cache layout or key recipe changes: old entries are then simply never looked up again.
@@ -63,30 +63,61 @@ class UnsupportedArchError(RuntimeError):
 # --------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Arch:
-    """One compile target. ``cc`` is the compute capability as an int (90 for sm_90 and sm_90a)."""
+    """One compile target and what its hardware offers the kernels, as named features.
+
+    The features are the one place that decides what runs where: the Python planners read them, and
+    ``compile_options`` passes each to the kernel sources as an ``AWQ_ARCH_<NAME>`` define, so the C++ tests the
+    same flag instead of comparing compute capabilities. ``cc`` is the compute capability as an int (90 for both
+    sm_90 and sm_90a); nothing outside this table compares it. Adding an architecture is one row here
+    (docs/design.md §Adding a variant or an architecture).
+    """
 
     key: str            # "75", ..., "90", "90a": what --arch on the CLI takes
     cc: int             # 75, 80, 86, 89, 90
     target: str         # NVRTC -arch value
     smem_optin: int     # max dynamic shared memory per block after opting in (bytes)
-
-    @property
-    def has_mma_k16(self) -> bool:   # mma.sync.m16n8k16 with f16/bf16 operands, cp.async, ldmatrix.trans b16
-        return self.cc >= 80
+    # m16n8k16 mma.sync with f16 and bf16 operands, cp.async and ldmatrix.trans: the bf16 kernels and the
+    # cp.async pipelines (sm_80 on)
+    mma_k16: bool = False
+    # programmatic dependent launch (griddepcontrol): every kernel triggers its successor early and waits for
+    # its predecessor before touching x (sm_90 on)
+    pdl: bool = False
+    # the device runs the warpgroup-MMA GEMM (kernels compiled for the arch-specific sm_90a target)
+    wgmma: bool = False
+    # the GEMV's three- and four-token-block variants for 17..32 rows, and the GEMV compiled per launch shape:
+    # both measured faster only on the H200, so enabled on 9.0 only
+    gemv_wide: bool = False
+    gemv_shapes: bool = False
+    # warps per CTA of the GEMV's middle units (4..7 blocks x token blocks): 12 fit the registers where the
+    # cp.async pipeline frees them, 8 without it
+    gemv_mid_warps: int = 8
+    # the scaled pair variant (two token blocks x two tiles) runs 16 warps: its decode needs fewer registers on
+    # sm_90's code generation (measured there only)
+    gemv_scaled_16_warps: bool = False
 
     @property
     def arch_specific(self) -> bool:  # sm_90a: wgmma/setmaxnreg; cubins run on cc 9.0 only
         return self.target.endswith("a")
 
+    def defines(self) -> tuple[tuple[str, str], ...]:
+        """The features as the kernel sources see them (``AWQ_ARCH_MMA_K16`` = 1, ...)."""
+        return tuple((f"AWQ_ARCH_{f.name.upper()}", str(int(getattr(self, f.name))))
+                     for f in dataclasses.fields(self) if f.name in _FEATURES)
+
+
+_FEATURES = ("mma_k16", "pdl", "wgmma", "gemv_wide", "gemv_shapes", "gemv_mid_warps", "gemv_scaled_16_warps")
+
+_AMPERE = dict(mma_k16=True, gemv_mid_warps=12)
+_HOPPER = dict(_AMPERE, pdl=True, wgmma=True, gemv_wide=True, gemv_shapes=True, gemv_scaled_16_warps=True)
 
 # Opt-in shared memory per block from the CUDA programming guide's compute-capability table.
 ARCHS: dict[str, Arch] = {a.key: a for a in (
     Arch("75", 75, "sm_75", 65536),
-    Arch("80", 80, "sm_80", 166912),
-    Arch("86", 86, "sm_86", 101376),
-    Arch("89", 89, "sm_89", 101376),
-    Arch("90", 90, "sm_90", 232448),
-    Arch("90a", 90, "sm_90a", 232448),
+    Arch("80", 80, "sm_80", 166912, **_AMPERE),
+    Arch("86", 86, "sm_86", 101376, **_AMPERE),
+    Arch("89", 89, "sm_89", 101376, **_AMPERE),
+    Arch("90", 90, "sm_90", 232448, **_HOPPER),
+    Arch("90a", 90, "sm_90a", 232448, **_HOPPER),
 )}
 
 
@@ -98,9 +129,12 @@ def arch_for_cc(cc: int | str, *, arch_specific: bool = False) -> Arch:
     """
     cc = int(cc)
     if arch_specific:
-        if cc != 90:
-            raise UnsupportedArchError(f"arch-specific (sm_90a) kernels need compute capability 9.0, got {cc}")
-        return ARCHS["90a"]
+        specific = [a for a in ARCHS.values() if a.arch_specific and a.cc == cc]
+        if not specific:
+            targets = ", ".join(f"{a.target} (compute capability {a.cc / 10:.1f})"
+                                for a in ARCHS.values() if a.arch_specific)
+            raise UnsupportedArchError(f"arch-specific kernels are built for {targets} only, got {cc}")
+        return specific[0]
     same_major = [a for a in ARCHS.values() if not a.arch_specific and a.cc // 10 == cc // 10 and a.cc <= cc]
     if not same_major:
         supported = ", ".join(f"sm_{a.key}" for a in ARCHS.values())
@@ -128,29 +162,52 @@ def arch_of_device(device_id: int | None = None, *, arch_specific: bool = False)
 # --------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class KernelFamily:
-    """One ``kernels_cu/<source>`` file and the template instantiations it is compiled with.
+    """One ``.cu`` source file and the template instantiations it is compiled with.
 
-    ``variants(arch)`` returns the C++ name expressions to instantiate for that arch (one table in Python, see
-    ``awq_cupy.kernels``); ``hot`` kernels must not spill; ``min_cc`` excludes archs the family cannot run on.
+    ``variants(arch)`` returns what to instantiate for that arch: C++ name expressions, or variant objects with
+    an ``expr`` attribute that renders one (the shipped families: ``awq_cupy.kernels``). ``hot`` kernels must not
+    spill; ``needs`` names the ``Arch`` features the family requires (``("wgmma",)``); ``arch_specific`` families
+    compile for the ``sm_90a``-style targets only. ``source_dir`` is the folder of ``source`` (default: the
+    package's ``kernels_cu``); its ``#include "x.cuh"`` lines are looked up there first, then in ``kernels_cu``,
+    so a family outside the package can use the library's device helpers. ``defines`` are extra ``-D`` options.
     """
 
     name: str
     source: str
-    variants: Callable[[Arch], tuple[str, ...]]
+    variants: Callable[[Arch], tuple]
     hot: bool = True
-    min_cc: int = 75
+    needs: tuple[str, ...] = ()
     arch_specific: bool = False
     defines: tuple[tuple[str, str], ...] = ()
+    source_dir: str | None = None
+    asserts: Callable[[Arch], tuple[str, ...]] | None = None
+
+    def source_text(self, arch: Arch) -> str:
+        """What NVRTC compiles for ``arch``: the source with its headers inlined, then the ``asserts(arch)`` lines
+        (C++ static_asserts checking the Python tables against the kernels)."""
+        text = read_source(self.source, self.source_dir)
+        if self.asserts is not None:
+            text += "\n// ---- checks of the Python kernel table\n" + "\n".join(self.asserts(arch)) + "\n"
+        return text
 
     def supports(self, arch: Arch) -> bool:
-        return arch.cc >= self.min_cc and arch.arch_specific == self.arch_specific
+        return arch.arch_specific == self.arch_specific and all(getattr(arch, f) for f in self.needs)
+
+    def names(self, arch: Arch) -> tuple[str, ...]:
+        """The C++ name expressions of ``variants(arch)``."""
+        return tuple(variant_expr(v) for v in self.variants(arch))
+
+
+def variant_expr(variant) -> str:
+    """The C++ name expression of a variant: the string itself, or a variant object's ``expr``."""
+    return variant if isinstance(variant, str) else variant.expr
 
 
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
 
 
-def _kernel_dir():
-    """Where the .cu sources are: the installed package data, or kernels_cu/ of a source tree."""
+def kernel_dir():
+    """Where the library's .cu sources are: the installed package data, or kernels_cu/ of a source tree."""
     try:
         from importlib.resources import files
 
@@ -162,19 +219,23 @@ def _kernel_dir():
     return Path(__file__).resolve().parent.parent / "kernels_cu"
 
 
-def read_source(name: str, _seen: set | None = None) -> str:
-    """Text of ``kernels_cu/<name>`` with our own ``#include "x.cuh"`` lines inlined (recursively, once each per
-    translation unit, like ``#pragma once``), so that the cache key covers every header by content."""
+def read_source(name: str, source_dir=None, _seen: set | None = None) -> str:
+    """Text of ``<source_dir or kernels_cu>/<name>`` with our own ``#include "x.cuh"`` lines inlined
+    (recursively, once each per translation unit, like ``#pragma once``; looked up in ``source_dir`` first, then
+    ``kernels_cu``), so that the cache key covers every header by content."""
     seen = set() if _seen is None else _seen
     if name in seen:
         return f"// {name} already included\n"
     seen.add(name)
-    path = _kernel_dir().joinpath(name)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"kernel source {name!r} not found in {_kernel_dir()}") from None
-    return _INCLUDE_RE.sub(lambda m: f"// ---- begin {m.group(1)}\n{read_source(m.group(1), seen)}"
+    dirs = ([Path(source_dir)] if source_dir is not None else []) + [kernel_dir()]
+    for d in dirs:
+        path = d.joinpath(name)
+        if path.is_file():
+            text = path.read_text(encoding="utf-8")
+            break
+    else:
+        raise FileNotFoundError(f"kernel source {name!r} not found in {', '.join(map(str, dirs))}")
+    return _INCLUDE_RE.sub(lambda m: f"// ---- begin {m.group(1)}\n{read_source(m.group(1), source_dir, seen)}"
                                      f"// ---- end {m.group(1)}", text)
 
 
@@ -277,7 +338,7 @@ def compile_options(family: KernelFamily, arch: Arch) -> list[str]:
     # otherwise, while 13.5 accepts them.
     opts = [f"-arch={arch.target}", "--std=c++17", "-default-device", f"-I{_cuda_include_dir()}",
             f"-DAWQ_CUPY_CC={arch.cc * 10}", "--ptxas-options=-v", "-lineinfo"]
-    opts += [f"-D{k}={v}" for k, v in family.defines]
+    opts += [f"-D{k}={v}" for k, v in arch.defines() + family.defines]
     return opts
 
 
@@ -370,7 +431,7 @@ def _nvrtc_compile(family: KernelFamily, arch: Arch, source: str, options: list[
             raise CompileError(family.name, arch.target, options, log, path) from None
         log = nvrtc.getProgramLog(prog)
         lowered = {n: nvrtc.getLoweredName(prog, n) for n in names}
-        # CuPy's getCUBIN drops the final byte of the ELF image (gpu-notes.md §2); restore the NUL terminator.
+        # CuPy's getCUBIN drops the ELF image's final byte (docs/gpu-notes.md §Cubin images); restore the NUL.
         cubin = nvrtc.getCUBIN(prog) + b"\0"
     finally:
         nvrtc.destroyProgram(prog)
@@ -383,8 +444,8 @@ def compile_family(family: KernelFamily, arch: Arch | str) -> CompiledFamily:
     arch = ARCHS[arch] if isinstance(arch, str) else arch
     if not family.supports(arch):
         raise UnsupportedArchError(f"kernel family {family.name!r} does not run on {arch.target}")
-    names = tuple(family.variants(arch))
-    source = read_source(family.source)
+    names = family.names(arch)
+    source = family.source_text(arch)
     options = compile_options(family, arch)
     key = _family_key(family, arch, source, options, names, nvrtc_version())
     c = _compiled.get(key)
@@ -476,10 +537,12 @@ _modules: dict[tuple[int, str], object] = {}
 _kernels: dict[tuple[int, str, str], Kernel] = {}
 
 
-def get_kernel(family: KernelFamily, variant: str, device_id: int | None = None) -> Kernel:
-    """The loaded kernel ``variant`` (a name expression of ``family``) for the current (or given) device."""
+def get_kernel(family: KernelFamily, variant, device_id: int | None = None) -> Kernel:
+    """The loaded kernel ``variant`` (a name expression of ``family``, or a variant object rendering one) for the
+    current (or given) device."""
     import cupy
 
+    variant = variant_expr(variant)
     if device_id is None:
         device_id = cupy.cuda.runtime.getDevice()
     fast = _kernels.get((device_id, family.name, variant))

@@ -173,15 +173,15 @@ def gemv_kernel(w, plan: GemvPlan, kind: str, arch, M: int | None = None, specia
         if k is not None:
             return k
         if not (is_capturing() if capturing is None else capturing):
-            kernel("gemv_tc", v, w.device)   # the fallback of a later capture, loaded now
+            kernel(v, w.device)   # the fallback of a later capture, loaded now
             fam = gemv_shape_family(v, shape, plan.warps, tokens=tokens)
             k = _gemv_shape_kernels[key] = get_kernel(fam, v, w.device)
             return k
-    return kernel("gemv_tc", v, w.device)
+    return kernel(v, w.device)
 
 
 def gemv_args(x2, w, bias_arg, y2, M: int, plan: GemvPlan, shape: tuple | None = None) -> tuple:
-    """awq_gemv_tc_kernel's argument list for ``plan`` (also used by bench/gemv_trace.py); ``shape``:
+    """awq_gemv_tc_kernel's argument list for ``plan`` (also used by bench/probes/gemv_trace.py); ``shape``:
     plans.gemv_shape_args(w, plan), if the caller has it already."""
     return (x2, w.qtiles, w.scales, w.zeros, bias_arg, y2, as_i32(M)) + (
         plans.gemv_shape_args(w, plan) if shape is None else shape)
@@ -202,8 +202,8 @@ def prepare_gemv(w, M: int, kind: str, arch, sms: int, stream: int, *, capturing
 def _resident(device: int):
     from .kernels import GEMM_WARPS, kernel
 
-    def resident(wgmma: bool, variant: str, smem: int) -> int:
-        return kernel("gemm_wg" if wgmma else "gemm_tc", variant, device).resident_blocks(32 * GEMM_WARPS, smem)
+    def resident(variant, smem: int) -> int:
+        return kernel(variant, device).resident_blocks(32 * GEMM_WARPS, smem)
 
     return resident
 
@@ -213,7 +213,7 @@ def prepare_gemm(w, M: int, kind: str, arch, sms: int, stream: int, *, batch_inv
     """The fused GEMM call for M rows of ``w`` on ``stream``: plans.plan_gemm_launch's plan (``force``: its
     forcing arguments, for tuning and probes), the wgmma kernel's x-tile pass before it and the split-K reduce
     after it where the plan has them, with their workspaces."""
-    from .kernels import GEMM_WARPS, kernel, reduce_variant, tile_x_variant
+    from .kernels import GEMM_WARPS, ReduceVariant, TileXVariant, kernel
 
     if plan is None:
         plan = plans.plan_gemm_launch(M, w.K, w.N, w.group_size, kind, arch, sms, _resident(w.device),
@@ -228,10 +228,10 @@ def prepare_gemm(w, M: int, kind: str, arch, sms: int, stream: int, *, batch_inv
         BM = 8 * plan.token_blocks
         chunks = plans.x_tile_chunks(M, w.K, BM)
         xin = workspace(chunks * 4, dev, stream, "x_tiles")
-        launches.append(Launch(kernel("gemm_wg", tile_x_variant(kind), dev), (min(-(-chunks // 256), 1 << 16),),
+        launches.append(Launch(kernel(TileXVariant(kind), dev), (min(-(-chunks // 256), 1 << 16),),
                                (256,), (NULL, xin, as_i32(M), as_i32(w.K), as_i32(w.KS), as_i32(BM),
                                         np.int64(chunks), plans.fastdiv(w.KS)), pdl=pdl, stream=stream))
-    gk = kernel("gemm_wg" if plan.wgmma else "gemm_tc", plan.variant(kind), dev)
+    gk = kernel(plan.variant(kind), dev)
     g = len(launches)
     launches.append(Launch(gk, plan.grid, (32 * GEMM_WARPS,),
                            (xin, w.qtiles, w.scales, w.zeros, NULL, NULL, ws, as_i32(M), as_i32(w.N), as_i32(w.K),
@@ -242,7 +242,7 @@ def prepare_gemm(w, M: int, kind: str, arch, sms: int, stream: int, *, batch_inv
         cols = plan.reduce_cols
         items = M * w.N // cols
         r = len(launches)
-        launches.append(Launch(kernel("gemm_tc", reduce_variant(kind, cols), dev), (min(-(-items // 256), 4096),),
+        launches.append(Launch(kernel(ReduceVariant(kind, cols), dev), (min(-(-items // 256), 4096),),
                                (256,), (ws, NULL, NULL, as_i32(M), as_i32(w.N), as_i32(Np), as_i32(plan.splits)),
                                pdl=pdl, stream=stream))
         y_slots.append((r, 2))

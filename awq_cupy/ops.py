@@ -81,7 +81,7 @@ def dequantize_gemm(qweight, qzeros, scales, group_size, *, dtype="float16", out
     """
     import cupy
 
-    from .kernels import dequant_variant, kernel
+    from .kernels import DequantVariant, kernel
 
     K, N, G, scale_kind = _check_packed_gemm(qweight, qzeros, scales, group_size)
     out_kind = dtype_name(dtype)
@@ -100,7 +100,7 @@ def dequantize_gemm(qweight, qzeros, scales, group_size, *, dtype="float16", out
     words = K * (N // 8)
     threads = 256
     blocks = min((words + threads - 1) // threads, 65535 * 8)
-    k = kernel("dequant", dequant_variant(out_kind, scale_kind), dev)
+    k = kernel(DequantVariant(out_kind, scale_kind), dev)
     with cupy.cuda.Device(dev):
         k.launch((blocks,), (threads,), (qweight, qzeros, scales, out, as_i32(K), as_i32(N), as_i32(G)))
     return out
@@ -369,7 +369,7 @@ def dequantize(w, dtype=None, *, out=None):
     for the other dtype use ``w.astype(...)`` first."""
     import cupy
 
-    from .kernels import dequant_tiles_variant, kernel
+    from .kernels import DequantTilesVariant, kernel
 
     if not isinstance(w, QuantizedWeight):
         raise TypeError(f"w must be an awq_cupy.QuantizedWeight, got {type(w).__name__}")
@@ -384,7 +384,7 @@ def dequantize(w, dtype=None, *, out=None):
             if out.shape != (w.K, w.N) or out.dtype != numpy_dtype(kind) or not out.flags.c_contiguous:
                 raise ValueError(f"out must be a C-contiguous [{w.K}, {w.N}] array of {numpy_dtype(kind)}")
         blocks = w.NT * w.KS
-        k = kernel("dequant", dequant_tiles_variant(kind), w.device)
+        k = kernel(DequantTilesVariant(kind), w.device)
         k.launch((min(-(-blocks // 4), 1 << 20),), (128,),
                  (w.qtiles, w.scales, w.zeros, out, as_i32(w.K), as_i32(w.N), as_i32(w.NT), as_i32(w.KS),
                   as_i32(w.group_size), as_i32(w.NG)))

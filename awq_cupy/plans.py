@@ -46,15 +46,14 @@ class GemvPlan:
 
     @property
     def scaled(self) -> bool:
-        """Whether this variant multiplies by the rounded weights T((q - z) * s) (kernels.gemv_scaled)."""
-        from .kernels import gemv_scaled
+        """Whether this variant multiplies by the rounded weights T((q - z) * s) (kernels.GemvVariant.scaled)."""
+        return self.variant("float16").scaled
 
-        return gemv_scaled(self.token_blocks, self.tiles, self.kdepth)
+    def variant(self, dtype: str):
+        """The kernel variant (kernels.GemvVariant) this plan launches for ``dtype`` activations."""
+        from .kernels import GemvVariant
 
-    def variant(self, dtype: str) -> str:
-        from .kernels import gemv_variant
-
-        return gemv_variant(dtype, self.token_blocks, self.tiles, self.aligned, self.kdepth)
+        return GemvVariant(dtype, self.token_blocks, self.tiles, self.aligned, self.kdepth)
 
 
 @dataclass(frozen=True)
@@ -78,13 +77,14 @@ class GemmPlan:
     pend: int | None = None
     reduce_cols: int = 0
 
-    def variant(self, dtype: str) -> str:
-        from .kernels import gemm_sw_variant, gemm_wg_variant
+    def variant(self, dtype: str):
+        """The kernel variant (kernels.WgmmaVariant or kernels.GemmVariant) this plan launches."""
+        from .kernels import GemmVariant, WgmmaVariant
 
         if self.wgmma:
-            return gemm_wg_variant(dtype, self.token_blocks, self.tiles, self.depth, self.aligned, self.pend,
-                                   self.ksplit)
-        return gemm_sw_variant(dtype, self.token_blocks, self.tiles, self.depth, self.aligned)
+            return WgmmaVariant(dtype, self.token_blocks, self.tiles, self.depth, self.aligned, self.pend,
+                                self.ksplit)
+        return GemmVariant(dtype, self.token_blocks, self.tiles, self.depth, self.aligned)
 
 
 def choose_path(M: int, K: int, N: int, group_size: int, dtype: str, arch, sm_count: int, *,
@@ -114,41 +114,40 @@ def gemv_shape_args(w, plan: GemvPlan) -> tuple:
 
 
 def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, sm_count: int,
-                     resident: Callable[[bool, str, int], int], *, batch_invariant: bool = False,
+                     resident: Callable[[object, int], int], *, batch_invariant: bool = False,
                      tiles: int | None = None, splits: int | None = None, wgmma: bool | None = None,
                      depth: int | None = None, pend: int | None = None, reduce_cols: int | None = None,
                      ksplit: int | None = None) -> GemmPlan:
     """The fused GEMM's whole launch plan for M rows, variant included: the wgmma kernel where ``uses_wgmma``
     (or ``wgmma``), its shape for M (``gemm_shape_for``), split-K planned over the CTAs the GPU holds at once
-    (``resident(wgmma, variant, smem)``: CTAs of that kernel one SM holds; batch-invariant calls plan for one
+    (``resident(variant, smem)``: CTAs of that kernel one SM holds; batch-invariant calls plan for one
     per SM so that no variant's occupancy enters), two K streams where ``wgmma_ksplit`` says so, the two-CTAs-per-SM
     PEND variant where ``wgmma_pend`` does, and the reduce kernel's columns (``reduce_columns``). The other
     arguments force a choice (for tuning and probes)."""
-    from .kernels import gemm_sw_smem_bytes, gemm_sw_variant, gemm_wg_smem_bytes, gemm_wg_variant
+    from .kernels import GemmVariant, WgmmaVariant
 
     wg = uses_wgmma(arch, None if batch_invariant else M) if wgmma is None else wgmma
     nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wg, depth=depth)
     aligned = aligned_groups(group_size, max(1, K // group_size))
 
-    def planned(variant: str, smem: int, ks) -> GemmPlan:
-        res = sm_count if batch_invariant else resident(wg, variant, smem) * sm_count
+    def planned(variant, ks) -> GemmPlan:
+        res = sm_count if batch_invariant else resident(variant, variant.smem_bytes) * sm_count
         return plan_gemm(M, K, N, group_size, wgmma=wg, sm_count=sm_count, resident=res, tiles=tw, splits=splits,
                          batch_invariant=batch_invariant, depth=depth, ksplit=ks)
 
     chosen_pend = pend
     if wg:
-        smem = gemm_wg_smem_bytes(nb)
         if ksplit is None and pend is not None:   # two-stream variants exist for the default PEND only
             ksplit = 1
         ks = 1 if ksplit is None else ksplit      # None: the plan chooses (wgmma_ksplit)
-        p = planned(gemm_wg_variant(dtype, nb, tw, depth, aligned, pend, ks), smem, ksplit)
+        p = planned(WgmmaVariant(dtype, nb, tw, depth, aligned, pend, ks), ksplit)
         two = (wgmma_pend((nb, tw, depth), math.prod(p.grid), sm_count, batch_invariant)
                if pend is None and p.ksplit == 1 else None)
         if two is not None:
             chosen_pend = two
-            p = planned(gemm_wg_variant(dtype, nb, tw, depth, aligned, two), smem, 1)
+            p = planned(WgmmaVariant(dtype, nb, tw, depth, aligned, two), 1)
     else:
-        p = planned(gemm_sw_variant(dtype, nb, tw, depth, aligned), gemm_sw_smem_bytes(nb), 1)
+        p = planned(GemmVariant(dtype, nb, tw, depth, aligned), 1)
     cols = 0
     if p.splits > 1:
         cols = reduce_columns(M, N, sm_count) if reduce_cols is None else reduce_cols
@@ -161,18 +160,15 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
 _MIN_STAGES_PER_SPLIT = 4    # each split gets at least 4 x 64 k (default of plan_splits)
 
 
-# Split-K cost model (H200, 2026-11-30): units per CTA x the kernel's unit time (``stage_us``) x the load of the
-# busiest SM, plus each split's fp32 partials (8 bytes per output at _PARTIAL_TBPS) and _REDUCE_US for the reduce
-# kernel. The unit time of the v1 GEMM was ~1.75 us whatever the m-block count (latency-bound); the v12 kernels
-# pass their own (_unit_us). CTAs sharing an SM each run slower: k co-resident CTAs take 1 + share x (k - 1) times
-# as long as one alone. For the mma.sync GEMM share = _SHARE (fitted to the v14 sweeps,
-# results/h200_gemm_sweep_v14.txt: Mistral-7B o at M = 128 with two CTAs per SM, 4 splits = 128 CTAs on 132 SMs
-# 20.4 us, 5 splits = 160 CTAs 23.3 us, 8 splits 21.6 us; counting the two resident CTAs as independent slots, as
-# before, picked 5). The wgmma GEMM's constants (_WG_UNIT_US, _WG_SHARE) and the partials / reduce terms were
-# refitted in v22 (bench/NOTES.md; results/h200_gemm_ab_splits_v22.txt: o, qkv and down at M = 32..128 with 2..16
-# splits, after the reduce kernel got faster): the summed regret of the planned split against the best measured
-# one fell from 9.3 to 1.3 us over those 15 cases (o at M = 48 and 64 took 4 splits, 15.7 / 16.3 us, where 8 run
-# in 11.9 / 12.8).
+# Split-K cost model (H200; docs/design.md §Split-K reduce): units per CTA x the kernel's unit time (``stage_us``) x
+# the load of the busiest SM, plus each split's fp32 partials (8 bytes per output at _PARTIAL_TBPS) and _REDUCE_US for
+# the reduce kernel. The GEMM planners pass their kernel's unit time (_unit_us); _STAGE_US, the default, is that of a
+# latency-bound unit, the same whatever the m-block count. CTAs sharing an SM each run slower: k co-resident CTAs take
+# 1 + share x (k - 1) times as long as one alone. Counting them as independent slots instead picks too many splits
+# (Mistral-7B o at M = 128 with two CTAs per SM: 5 splits, 160 CTAs on 132 SMs, where 4 splits, 128 CTAs, run
+# faster). _SHARE is fitted to sweeps of the mma.sync GEMM; the wgmma GEMM's constants (_WG_UNIT_US, _WG_SHARE) and
+# the partials / reduce terms to sweeps of o, qkv and down at M = 32..128 with 2..16 splits: over those 15 cases the
+# planned splits run ~1 us slower in all than the best measured ones.
 _STAGE_US, _PARTIAL_TBPS, _REDUCE_US, _SHARE = 1.75, 4.0, 4.0, 0.3
 
 
@@ -197,7 +193,7 @@ def split_cost(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: in
                stage_us: float = _STAGE_US, min_per: int = _MIN_STAGES_PER_SPLIT,
                per_sm: int = 1, share: float = _SHARE) -> tuple[float, int, int]:
     """(modelled us, splits, stages per split) of ``plan_splits``' choice. Memoised: the search over split counts
-    costs ~50 us of host time, and ``matmul`` asks for the same shapes call after call."""
+    costs tens of microseconds of host time, and ``matmul`` asks for the same shapes call after call."""
     base = n_ctas * m_tiles
     per_sm = max(1, per_sm)
     sms = max(1, resident // per_sm)
@@ -224,7 +220,7 @@ def rounds_weights(M: int, batch_invariant: bool = False, arch_key: str = "90", 
                    sm_count: int = 132) -> bool:
     """Whether matmul at this M multiplies x by the weights rounded to x's dtype, T((q - z) * s) (like
     ``dequantize``), or by the exact (q - z) * s with the scale applied to fp32 group sums (the GEMV). At GEMV
-    sizes that depends on the launch plan (kernels.gemv_scaled: the pairs at two token blocks round), and beyond
+    sizes that depends on the launch plan (kernels.GemvVariant.scaled: the pairs at two token blocks round), and beyond
     the table's ``gemv_max_m`` on whether ``gemv_wide_takes`` gives the layer to the GEMV (exact) or the GEMM, so
     give the weight's K, N, group size, the activations' dtype and the GPU's SM count; without K and N the answer
     is the other GEMV variants' (exact) up to ``gemv_max_m`` and the GEMM's beyond it."""
@@ -283,11 +279,11 @@ def gemv_tiles_for(M: int, NT16: int, grid: int, dtype: str = "float16", slot: d
     """16-column blocks per GEMV warp unit: the variant whose padded blocks per CTA (a CTA takes its blocks TW at a
     time), each at its relative slot time, cost least; the larger unit on a tie; single blocks when a CTA has only
     one. ``slot`` ({tiles: time}) defaults to the H200's for ``dtype`` and M's token blocks
-    (``dispatch.H200_GEMV_SLOT``; ``plan_gemv`` passes the dispatch row's). On the H200 (bench/gemv_sweep.py,
-    bench/NOTES.md v16, v23, v24): up to 8 tokens pairs at 2 and 5 blocks per CTA, threes at 3, fours at 4, 14 and
-    28; at 9..16 tokens pairs at 2, threes at 3, 5 and 14, fours at 4 and 28 (bf16: pairs at 2 and 5, fours
-    otherwise). Measured at 3 blocks per CTA (Mistral-7B qkv, fp16, us): M = 1 fours 7.4, threes 6.7; M = 16 fours
-    9.5, threes 8.8."""
+    (``dispatch.H200_GEMV_SLOT``; ``plan_gemv`` passes the dispatch row's). On the H200
+    (docs/design.md §GEMV (gemv_tc)): up to 8 tokens pairs at 2 and 5 blocks per CTA, threes at 3, fours at 4, 14
+    and 28; at 9..16 tokens pairs at 2, threes at 3, 5 and 14, fours at 4 and 28 (bf16: pairs at 2 and 5, fours
+    otherwise). Padding counts: at 3 blocks per CTA the threes beat the fours (one padded slot) by 7-10% at M = 1
+    and 16 (Mistral-7B qkv, fp16)."""
     most = -(-NT16 // grid)
     if most < 2:
         return 1
@@ -342,7 +338,7 @@ def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: i
     summation order. Three and four token blocks (17..32 rows) exist on compute capability 9.0 for groups of whole
     64-k blocks (kernels.gemv_shapes); matmul runs them where ``gemv_wide_takes`` says so."""
     from .jit import ARCHS
-    from .kernels import GEMV_KD2_SHAPES, GEMV_TOKEN_BLOCKS, gemv_max_warps, gemv_shapes, gemv_smem_bytes
+    from .kernels import GEMV_KD2_SHAPES, GEMV_TOKEN_BLOCKS, GemvVariant, gemv_shapes
 
     arch = ARCHS["90"] if arch is None else arch
     nb = -(-M // 8)
@@ -353,7 +349,7 @@ def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: i
     shapes = gemv_shapes(arch, aligned)
     if not any(s[0] == nb for s in shapes):
         raise ValueError(f"no GEMV variant for M={M} on {arch.target} with group size {group_size}: more than "
-                         f"16 rows need compute capability 9.0 and groups of whole 64-k blocks")
+                         f"16 rows need an arch with the wide GEMV (sm_90) and groups of whole 64-k blocks")
     if tiles is None and kdepth == 2:
         tw = 2                                   # the two-k-block variants are pairs
     elif tiles is None:
@@ -375,13 +371,14 @@ def plan_gemv(M: int, K: int, N: int, group_size: int, *, arch=None, sm_count: i
     if kd != 1 and (kd != 2 or (nb, tw) not in GEMV_KD2_SHAPES or not aligned):
         raise ValueError(f"kdepth={kdepth}: 1, or 2 for (token blocks, tiles) in {GEMV_KD2_SHAPES} with groups of "
                          f"whole 64-k blocks (G={group_size})")
-    most = gemv_max_warps(nb, tw, arch, aligned, kd)
+    variant = GemvVariant(dtype, nb, tw, aligned, kd)
+    most = variant.max_warps(arch)
     w = most if warps is None else warps
     if not 1 <= w <= most:
         raise ValueError(f"warps={warps}: the GEMV variant for M={M}, tiles={tw}, G={group_size} runs 1 to {most} "
                          f"warps per CTA")
     return GemvPlan(token_blocks=nb, tiles=tw, aligned=aligned, grid=grid, NT16=NT16, warps=w,
-                    smem=gemv_smem_bytes(w, nb, tw), kdepth=kd)
+                    smem=variant.smem_bytes(w), kdepth=kd)
 
 
 def _gemv_slot_for(row, dtype: str, nb: int, shapes) -> dict[int, float]:
@@ -407,15 +404,14 @@ def gemv_wide_takes(M: int, K: int, N: int, group_size: int, arch, sm_count: int
     layers have 2 to 28 per CTA), where K x N <= GEMV_WIDE_SMALL, or M <= 24 and the GEMV's plan takes three or
     four blocks per unit.
 
-    Measured on the H200 (bench/results/h200_gemv_wide_sweep_v40.txt, bench/NOTES.md v41): it picks the faster of
-    the two on all 56 layer rows of Mistral-7B at M = 17..32 (fp16; 17, 24 and 32 bf16) and Llama-2-70B at M = 17,
-    24, 32 (fp16 and bf16; bf16 o at M = 17 a tie, 18.49 against 18.51 us). The GEMV's fixed cost is lower, the
-    GEMM's cost per weight: the GEMV won on the small layers at every M (Mistral-7B qkv M = 32 9.8 against 12.2
-    us), on the large ones up to 24 rows where its units have three or four blocks (Llama-2-70B gate_up M = 24
-    98.4 against 121.4), and lost where the units are pairs (Mistral-7B down: two blocks per CTA, M = 24 21.5
-    against 19.7) or at 25..32 rows (Mistral-7B gate_up M = 32 34.8 against 33.8)."""
+    Measured on the H200 (docs/design.md §Crossovers), this picks the faster of the two on all 56 layer rows of
+    Mistral-7B at M = 17..32 (fp16; 17, 24 and 32 bf16) and Llama-2-70B at M = 17, 24, 32 (fp16 and bf16; one a
+    tie). The GEMV's fixed cost is lower, the GEMM's cost per weight: the GEMV wins on the small layers at every M
+    (Mistral-7B qkv at M = 32 by ~20%), on the large ones up to 24 rows where its units have three or four blocks
+    (Llama-2-70B gate_up at M = 24 by ~20%), and loses where the units are pairs (Mistral-7B down: two blocks per
+    CTA, ~9% at M = 24) or at 25..32 rows (Mistral-7B gate_up at M = 32, ~3%)."""
     row = dispatch.for_arch(arch.key)
-    if not max(row.gemv_max_m, dispatch.GEMV_LIMIT) < M <= row.gemv_wide_max_m or arch.cc < 90:
+    if not max(row.gemv_max_m, dispatch.GEMV_LIMIT) < M <= row.gemv_wide_max_m or not arch.gemv_wide:
         return False
     NT16, grid = gemv_grid(N, sm_count)
     if not aligned_groups(group_size, max(1, K // group_size)) or NT16 <= grid:
@@ -435,7 +431,7 @@ def uses_pdl(arch) -> bool:
     finishes (when that kernel allows it: only awq_cupy's own do) and request its first weights meanwhile; it
     reads x and workspaces and writes only once the previous kernel has completed (kernels_cu/common.cuh). The
     weights must therefore not be written by the awq_cupy kernel launched just before."""
-    return arch.cc >= 90 and settings.current().pdl
+    return arch.pdl and settings.current().pdl
 
 
 def fastdiv(d: int) -> np.uint64:
@@ -458,21 +454,21 @@ GEMV_SHAPE_MIN_WEIGHTS = 1 << 22
 def gemv_specializes(arch, K: int, N: int) -> bool:
     """Whether matmul's GEMV for a K x N weight on ``arch`` runs a variant compiled for its launch shape
     (kernels.gemv_shape_family: constant index arithmetic, no parameter loads in the loop; outputs bitwise the
-    same as the generic kernel's). Compute capability 9.0 (measured there: H200, Mistral-7B M = 1 sum 42.0 -> 40.6
-    us, bench/NOTES.md v31) for weights of at least GEMV_SHAPE_MIN_WEIGHTS elements, so that the one compile per
-    shape (~0.3-0.5 s, then the disk cache) goes to model-sized layers. AWQ_CUPY_GEMV_SHAPES=0 never, =1 at any
-    size (on 9.0)."""
+    same as the generic kernel's). Where the arch has ``gemv_shapes`` (measured on 9.0: ~3% off the Mistral-7B
+    layers at M = 1; docs/design.md §GEMV (gemv_tc)) for weights of at least GEMV_SHAPE_MIN_WEIGHTS elements, so
+    that the one compile per shape (~0.3-0.5 s, then the disk cache) goes to model-sized layers.
+    AWQ_CUPY_GEMV_SHAPES=0 never, =1 at any size (where the arch has ``gemv_shapes``)."""
     mode = settings.current().gemv_shapes
-    if arch.cc != 90 or mode is GemvShapes.NEVER:
+    if not arch.gemv_shapes or mode is GemvShapes.NEVER:
         return False
     return mode is GemvShapes.ALWAYS or K * N >= GEMV_SHAPE_MIN_WEIGHTS
 
 
-# The token counts a shape-compiled GEMV is compiled for as well (AWQ_GEMV_M; H200, bench/NOTES.md v32, outputs the
-# same bits). M = 16: every benchmark layer, Mistral-7B sum 55.9 -> 55.0 us (fp16), 58.4 -> 58.0 (bf16), Llama-2-70B
-# 169.1 -> 167.8. M = 1: a fixed cost of ~0.1-0.2 us per call against ~1% off the loop, so only for weights of at
-# least GEMV_M1_MIN_WEIGHTS elements (Mistral-7B gate_up -0.2 us, Llama-2-70B's layers -0.1 to -1.1; below it
-# Mistral-7B qkv +0.2, o +0.1, down +0.1). Not M = 8 (+0.0 to +0.1).
+# The token counts a shape-compiled GEMV is compiled for as well (AWQ_GEMV_M; H200, outputs the same bits;
+# docs/design.md §GEMV (gemv_tc)). M = 16: faster on every benchmark layer (~1%, fp16 and bf16). M = 1: a fixed cost
+# per call of the order of a tenth of a microsecond against ~1% off the loop, so only for weights of at least
+# GEMV_M1_MIN_WEIGHTS elements (Mistral-7B gate_up and Llama-2-70B's layers gain; below it Mistral-7B qkv, o and down
+# lose). Not M = 8 (no gain).
 GEMV_M1_MIN_WEIGHTS = 1 << 26
 
 
@@ -493,16 +489,16 @@ def gemv_dividers(grid: int, NT16: int, warps: int, KS: int, group_size: int, kd
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# The fused GEMM (v12): register-fed weights, x through shared memory; wgmma (kernels_cu/gemm_wg.cu) or mma.sync
-# (kernels_cu/gemm_tc.cu awq_gemm_sw_kernel)
+# The fused GEMM: register-fed weights, x through shared memory; wgmma (kernels_cu/gemm_wg.cu) or mma.sync
+# (kernels_cu/gemm_tc.cu awq_gemm_sw_kernel); docs/design.md §Kernel families
 # ----------------------------------------------------------------------------------------------------------------
 def _unit_us(token_blocks: int, tiles: int, wgmma: bool) -> float:
     """Modelled time of one 64-k unit of one GEMM CTA on the H200 (running alone on its SM).
-    wgmma (v22 fit): the larger of a ~0.5 us floor (the unit's barrier, x copy and first weight latency) and its
-    tensor work, 0.78 us for the 256-token tile with one block per warp (dispatch row fused_unit_us), in proportion
-    to tokens x blocks per warp. mma.sync (v12): the larger of its weight stream (8 warps x tiles x 512 B at ~27 GB/s
-    per SM) and its tensor work (2 x 128 tiles channels x 8 token blocks tokens x 64 k at the measured ~2.5 TFLOP/s
-    per SM), plus a fixed ~0.1 us (barrier, first latency)."""
+    wgmma (fitted to split-K sweeps, see the split-K cost model): the larger of a ~0.5 us floor (the unit's barrier,
+    x copy and first weight latency) and its tensor work, 0.78 us for the 256-token tile with one block per warp
+    (dispatch row fused_unit_us), in proportion to tokens x blocks per warp. mma.sync: the larger of its weight
+    stream (8 warps x tiles x 512 B at ~27 GB/s per SM) and its tensor work (2 x 128 tiles channels x 8 token blocks
+    tokens x 64 k at the measured ~2.5 TFLOP/s per SM), plus a fixed ~0.1 us (barrier, first latency)."""
     if wgmma:
         return max(_WG_UNIT_US, _WG_UNIT_US_256 * token_blocks * tiles / 32)
     mem = 8 * tiles * 512 / 27e3
@@ -513,7 +509,7 @@ def _unit_us(token_blocks: int, tiles: int, wgmma: bool) -> float:
 def has_wgmma(arch) -> bool:
     """Whether ``arch`` has the warpgroup-MMA GEMM (kernels_cu/gemm_wg.cu, built for sm_90a): compute capability
     9.0, unless AWQ_CUPY_WGMMA=0."""
-    return arch.cc == 90 and settings.current().wgmma
+    return arch.wgmma and settings.current().wgmma
 
 
 def uses_wgmma(arch, M: int | None = None) -> bool:
@@ -560,7 +556,7 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
     SM). Split-K from ``plan_splits`` with the unit-time model unless ``splits`` is given. ``batch_invariant``: the
     split count is planned for one 16-row token tile whatever M is, so a row's result does not depend on M.
     ``ksplit``: K streams per CTA of the wgmma GEMM (1 or 2); None chooses by ``wgmma_ksplit``."""
-    from .kernels import GEMM_WARPS, gemm_sw_smem_bytes, gemm_wg_smem_bytes
+    from .kernels import GEMM_WARPS, GemmVariant, WgmmaVariant
     from .layout import padded_sizes
 
     if M < 1:
@@ -595,7 +591,7 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
                                   stage_us=_unit_us(nb, tw, wgmma) / ksplit, min_per=2 * ksplit,
                                   per_sm=res // sm_count, share=share)
     NG = max(1, K // group_size)
-    smem = gemm_wg_smem_bytes(nb) if wgmma else gemm_sw_smem_bytes(nb)
+    smem = (WgmmaVariant if wgmma else GemmVariant)("float16", nb, tw, depth, True).smem_bytes
     return GemmPlan(wgmma=bool(wgmma), token_blocks=nb, tiles=tw, depth=depth, aligned=aligned_groups(group_size, NG),
                     grid=(n_ctas, splits, m_tiles), splits=splits, per=per, smem=smem, NT16=NT16, ksplit=ksplit)
 
@@ -611,12 +607,12 @@ def wgmma_ksplit(plan: GemmPlan, wgmma: bool, batch_invariant: bool = False, for
     and each stream would run at most 16 units (K <= 4096), else 1. Two streams run the same CTAs (twice the column
     tiles of half the channels) with one split: no fp32 partials and no reduce kernel, but each unit's x tile is
     copied for 64 channels instead of 128 and each stream has half the x slots, so the saving is fixed and the
-    cost grows with the units. Measured (H200, bench/NOTES.md v23, us): Mistral-7B qkv M = 256 32.7 -> 29.6, o M =
-    512 34.8 -> 31.3, qkv M = 128 22.8 -> 22.5 (16 units per stream); with more it won little or lost: Mistral-7B
-    down (56 units) M = 512 94.6 -> 92.5, Llama-2-70B o (32) M = 128 36.5 -> 38.9, M = 256 55.7 -> 54.4, down (112)
-    M = 128 108.2 -> 122.1, M = 256 168.3 -> 176.4. Where four splits became two it lost or tied (Mistral-7B o M =
-    128 16.1 -> 17.1, down M = 128 33.7 -> 38.0), and without a split to replace it lost more (gate_up M = 256
-    96.9 -> 113.7). Batch-invariant calls and forced split counts keep one stream."""
+    cost grows with the units. Measured on the H200 (docs/design.md §wgmma GEMM (gemm_wg)): ~10% faster on
+    Mistral-7B qkv at M = 256 and o at M = 512, ~1% at 16 units per stream (qkv M = 128); with more units per stream
+    it won a few percent or lost up to ~13% (Mistral-7B down, Llama-2-70B o and down). Replacing four splits by two
+    it lost or tied, and without a split to replace it lost more (~17%, gate_up M = 256): hence at most
+    _KSPLIT_MAX_UNITS units and only in place of two splits. Batch-invariant calls and forced split counts keep one
+    stream."""
     if not wgmma or batch_invariant or forced_splits:
         return 1
     if plan.splits != 2 or plan.token_blocks < _KSPLIT_MIN_NB:
@@ -638,8 +634,9 @@ def wgmma_pend(shape: tuple[int, int, int], ctas: int, sm_count: int, batch_inva
 def reduce_columns(M: int, N: int, sm_count: int) -> int:
     """Columns per thread of the split-K reduce kernel for an M x N output: 8 while that still gives every SM four
     blocks of 256 threads, else 4 while it gives two, else 2 (a small output needs the threads for its loads in
-    flight). H200, Mistral-7B (bench/NOTES.md v22): o at M = 256 (four blocks per SM with 4 columns, two with 8)
-    23.2 us with 4 against 24.6 with 8; M = 512 34.8 with 8, 35.6 with 4; down at M = 64 24.5 with 2, 25.4 with 4."""
+    flight). H200, Mistral-7B (docs/design.md §Split-K reduce): o at M = 256 (four blocks per SM with 4 columns, two
+    with 8) is ~6% faster with 4 than with 8, at M = 512 ~2% faster with 8; down at M = 64 ~4% faster with 2 than
+    with 4."""
     if M * N // 8 >= 4 * 256 * sm_count:
         return 8
     if M * N // 4 >= 2 * 256 * sm_count:

@@ -9,7 +9,7 @@ calibration data and folding them into the previous layer) happens before it and
 AutoAWQ hands to its packers is exactly ``pseudo_quantize_tensor`` of the already-scaled weight, and that is
 what ``quantize`` reproduces (bit for bit for float16 input; see ``tests/test_quantize.py``).
 
-Math, per output channel n and group g of G consecutive input weights w (spec §0.1):
+Math, per output channel n and group g of G consecutive input weights w (docs/formats.md §Quantizer):
 
 * ``zero_point=True`` (asymmetric; the gemm/gemv/gemv_fast packers need it)::
 

@@ -6,7 +6,7 @@ Convention (see ``awq_cupy.formats``): ``Q`` uint8 [K, N], ``Z`` uint8 [K/G, N],
 Everything here runs on the host in numpy. CuPy inputs are accepted and copied to the host first; results
 are always numpy arrays. Nothing is tuned for speed.
 
-Test tolerances (docs/style.md) are tied to a baseline, not picked by hand::
+Test tolerances are tied to a baseline, not picked by hand::
 
     ref      = matmul(x, Q, Z, S, G, bias)            # float64, no rounding anywhere but the inputs
     baseline = matmul_baseline(x, Q, Z, S, G, bias)   # the same math with W, x and y rounded to fp16/bf16
@@ -76,8 +76,8 @@ def dequantize(Q, Z, S, group_size, dtype=np.float32):
 
     ``dtype``: float32 or float64 (exact values: the product of a small integer and a float16 scale fits in
     float32), or float16 / bfloat16, which round that exact float32 value once: ``fp16(float32(q - z) *
-    float32(s))`` is bit-identical to the GPU dequant kernel (spec §2.3). S may be any float dtype; it is
-    used as given (float64 math when float64 is asked for, float32 otherwise).
+    float32(s))`` is bit-identical to the GPU dequant kernel (docs/formats.md §Dequantization). S may be any
+    float dtype; it is used as given (float64 math when float64 is asked for, float32 otherwise).
     """
     Q, Z, S = to_numpy(Q), to_numpy(Z), to_numpy(S)
     out = _check_out_dtype(dtype, (np.dtype(np.float32), np.dtype(np.float64)) + _low_precision_dtypes(),
@@ -91,9 +91,9 @@ def dequantize_packed(tensors, fmt, in_features, group_size, dtype=np.float32):
     """Dense ``W [K, N]`` of packed tensors, with the dequantization each format's kernels perform.
 
     gemm, gemv, marlin: ``(Q - Z) * S`` as ``dequantize``. gemv_fast: ``Q * S + SZ`` with the stored scaled
-    zeros SZ = fp(-(S·Z)) (spec §4.1, §8 P10); the float32 value is exact (both terms are multiples of the
-    scale's ulp and fit in 16 bits), so the float16 result equals the kernels' single-rounding ``hfma2`` and
-    may differ from ``(Q - Z) * S`` by one ulp. bf16 scales/zeros (llm-awq) are used as stored.
+    zeros SZ = fp(-(S·Z)) (docs/formats.md §Dequantization); the float32 value is exact (both terms are
+    multiples of the scale's ulp and fit in 16 bits), so the float16 result equals the kernels' single-rounding
+    ``hfma2`` and may differ from ``(Q - Z) * S`` by one ulp. bf16 scales/zeros (llm-awq) are used as stored.
     """
     fmt = _check_fmt(fmt)
     out = _check_out_dtype(dtype, (np.dtype(np.float32), np.dtype(np.float64)) + _low_precision_dtypes(),
@@ -185,7 +185,7 @@ def _fmt_index(idx) -> str:
 
 
 def assert_close(out, ref, baseline, c=2.0, atol=1e-6, rtol=None, name="output"):
-    """Assert ``max|out - ref| <= c * max|baseline - ref| + atol`` (docs/style.md), elementwise.
+    """Assert ``max|out - ref| <= c * max|baseline - ref| + atol``, elementwise.
 
     ``out``: the result under test; ``ref``: the float64 reference (``matmul``); ``baseline``: the same math
     in the kernel's precision (``matmul_baseline``). numpy or CuPy arrays of equal shape. NaN must appear in

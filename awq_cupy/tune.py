@@ -23,7 +23,8 @@ from __future__ import annotations
 import math
 import sys
 
-# up to 2048: on the H200 the fused wgmma GEMM and dequantize + cuBLAS cross near M = 1024 (bench/NOTES.md v13)
+# up to 2048, well past the M near 1024 where the fused wgmma GEMM and dequantize + cuBLAS cross on the H200
+# (docs/design.md §Crossovers)
 DEFAULT_M = [1, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 768, 1024, 1536, 2048]
 
 

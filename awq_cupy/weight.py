@@ -107,9 +107,12 @@ class QuantizedWeight:
         import cupy
 
         from .formats import resolve_group_size
-        from .kernels import kernel
+        from .kernels import REPACK_KERNEL, kernel
 
         kind = _dtype_name(dtype)
+        if getattr(qweight, "ndim", 0) == 2 and qweight.shape[0] % 8:   # before touching a device: a CPU error
+            raise ValueError(f"in_features K={qweight.shape[0]} (qweight rows) is not a multiple of 8: the kernels "
+                             "read each activation row 16 bytes at a time")
         with cupy.cuda.Device(device if device is not None else cupy.cuda.runtime.getDevice()):
             qweight, qzeros, scales = (cupy.asarray(a) for a in (qweight, qzeros, scales))
             if bias is not None:
@@ -134,7 +137,7 @@ class QuantizedWeight:
             qtiles = cupy.empty((NT16, KS, 32, 4), dtype=cupy.uint32)
             qweight = cupy.ascontiguousarray(qweight).view(cupy.uint32)
             total = qtiles.size
-            k = kernel("repack", "awq_repack_gemm_to_tiles_kernel")
+            k = kernel(REPACK_KERNEL)
             k.launch((min((total + 255) // 256, 1 << 20),), (256,),
                      (qweight, qtiles, as_i32(K), as_i32(N), as_i32(NT16), as_i32(KS)))
             # Zeros: unpack the gemm words (column 8c + j in nibble slot REV[j]) -> [NG, N] codes.

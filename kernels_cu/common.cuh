@@ -11,9 +11,16 @@
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
-// AWQ_CUPY_CC = 10 x compute capability of the compile target (like __CUDA_ARCH__), set by awq_cupy.jit.
+// AWQ_CUPY_CC = 10 x compute capability of the compile target (like __CUDA_ARCH__), set by awq_cupy.jit; used
+// here only where an instruction exists from some architecture on. What the library decides per architecture
+// (bf16 mma, PDL, the GEMV's bounds) comes from the target's feature row, awq_cupy.jit.Arch, as AWQ_ARCH_<NAME>
+// defines, so that the kernels and the planners read the same flags.
 #ifndef AWQ_CUPY_CC
 #define AWQ_CUPY_CC 750
+#endif
+#if !defined(AWQ_ARCH_MMA_K16) || !defined(AWQ_ARCH_PDL) || !defined(AWQ_ARCH_GEMV_MID_WARPS) || \
+    !defined(AWQ_ARCH_GEMV_SCALED_16_WARPS)
+#error "compile through awq_cupy.jit: it defines the target's AWQ_ARCH_* features"
 #endif
 
 #define AWQ_DEVICE __device__ __forceinline__
@@ -60,7 +67,7 @@ template <int LUT> AWQ_DEVICE u32 lop3(u32 a, u32 b, u32 c) {
 }
 
 // ------------------------------------------------------------------------------------------------------------
-// int4 -> 16-bit float pairs by the "magic number" trick (FasterTransformer; awq-formats.md §7.1):
+// int4 -> 16-bit float pairs by FasterTransformer's "magic number" trick (docs/formats.md §Magic-number conversion):
 // (x & 0x000f000f) | MAGIC puts nibble slots 0 and 4 into the low mantissa bits of two 16-bit floats whose
 // exponent makes one mantissa ulp equal 1. fp16 MAGIC 0x6400 = 1024.0, bf16 MAGIC 0x4300 = 128.0, so each half
 // becomes MAGIC + q exactly. Subtracting a pre-transformed zero (MAGIC + z) gives q - z exactly.
@@ -81,7 +88,7 @@ template <> AWQ_DEVICE u32 hsub2_bits<__half>(u32 q, u32 z) {
   return *reinterpret_cast<u32*>(&r);
 }
 template <> AWQ_DEVICE u32 hsub2_bits<__nv_bfloat16>(u32 q, u32 z) {
-#if AWQ_CUPY_CC >= 800
+#if AWQ_ARCH_MMA_K16
   __nv_bfloat162 r = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&q), *reinterpret_cast<__nv_bfloat162*>(&z));
   return *reinterpret_cast<u32*>(&r);
 #else
@@ -96,7 +103,7 @@ template <> AWQ_DEVICE u32 hmul2_bits<__half>(u32 a, u32 b) {
   return *reinterpret_cast<u32*>(&r);
 }
 template <> AWQ_DEVICE u32 hmul2_bits<__nv_bfloat16>(u32 a, u32 b) {
-#if AWQ_CUPY_CC >= 800
+#if AWQ_ARCH_MMA_K16
   __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
   return *reinterpret_cast<u32*>(&r);
 #else
@@ -109,7 +116,7 @@ template <typename T> AWQ_DEVICE u32 dequant_pair(u32 qmagic, u32 zmagic2, u32 s
   return hmul2_bits<T>(hsub2_bits<T>(qmagic, zmagic2), s2);
 }
 
-// floor(n / d) for 0 <= n < 2^31 as (n * m) >> s, with fd = m | s << 32 from the host (awq_cupy.ops.fastdiv:
+// floor(n / d) for 0 <= n < 2^31 as (n * m) >> s, with fd = m | s << 32 from the host (awq_cupy.plans.fastdiv:
 // s = 31 + ceil(log2 d), m = ceil(2^s / d) < 2^32; exact for every such n by Granlund and Montgomery's bound).
 AWQ_DEVICE u32 fastdiv(u32 n, u64 fd) { return (u32)(((u64)n * (u32)fd) >> (u32)(fd >> 32)); }
 
@@ -171,7 +178,7 @@ template <> struct WeightDecoder<__nv_bfloat16> {
 AWQ_DEVICE u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
 
 AWQ_DEVICE void cp_async16(void* dst, const void* src, bool pred) {
-#if AWQ_CUPY_CC >= 800
+#if AWQ_ARCH_MMA_K16
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
                "r"(pred ? 16 : 0));
 #else
@@ -182,13 +189,13 @@ AWQ_DEVICE void cp_async16(void* dst, const void* src, bool pred) {
 // Weights are streamed exactly once: keep them from evicting the activations, which every CTA re-reads from L2.
 AWQ_DEVICE u64 evict_first_policy() {
   u64 p = 0;
-#if AWQ_CUPY_CC >= 800
+#if AWQ_ARCH_MMA_K16
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
 #endif
   return p;
 }
 AWQ_DEVICE void cp_async16_stream(void* dst, const void* src, bool pred, u64 policy) {
-#if AWQ_CUPY_CC >= 800
+#if AWQ_ARCH_MMA_K16
   asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(smem_addr(dst)),
                "l"(src), "r"(pred ? 16 : 0), "l"(policy));
 #else
@@ -196,12 +203,12 @@ AWQ_DEVICE void cp_async16_stream(void* dst, const void* src, bool pred, u64 pol
 #endif
 }
 AWQ_DEVICE void cp_async_commit() {
-#if AWQ_CUPY_CC >= 800
+#if AWQ_ARCH_MMA_K16
   asm volatile("cp.async.commit_group;\n" ::);
 #endif
 }
 template <int N> AWQ_DEVICE void cp_async_wait() {
-#if AWQ_CUPY_CC >= 800
+#if AWQ_ARCH_MMA_K16
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 #endif
 }
@@ -245,27 +252,28 @@ AWQ_DEVICE void mbar_wait(u32 bar, u32 parity) {
 
 // ------------------------------------------------------------------------------------------------------------
 // Programmatic dependent launch (sm_90, PTX "griddepcontrol"). awq_cupy launches its kernels on sm_90 with the
-// programmatic-stream-serialization attribute (awq_cupy/jit.py Kernel.launch(pdl=True)), so a kernel may start
+// programmatic-stream-serialization attribute (awq_cupy.driver.Launch, as matmul launches), so a kernel may start
 // while the previous kernel of the stream is finishing, once every CTA of that kernel has called pdl_trigger().
 // Such a kernel reads only the weights (written long before, never by these kernels) until it calls pdl_wait(),
 // which returns once the previous kernel has completed and its writes are visible; it reads x and workspaces and
 // writes anything only after that. Without the attribute (other GPUs, other launchers) both are no-ops.
 // ------------------------------------------------------------------------------------------------------------
 AWQ_DEVICE void pdl_wait() {
-#if AWQ_CUPY_CC >= 900
+#if AWQ_ARCH_PDL
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
 AWQ_DEVICE void pdl_trigger() {
-#if AWQ_CUPY_CC >= 900
+#if AWQ_ARCH_PDL
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
 
 // Activations (x, x tiles: anything the previous kernel of the stream may write) are read with coherent loads,
 // never ld.global.nc (__ldg): the non-coherent path assumes data that nothing writes while the kernel runs, which
-// programmatic dependent launch breaks, and ptxas then may (and in one GEMV build did, bench/NOTES.md v28) move such
-// a load above griddepcontrol.wait. volatile keeps NVVM from moving them across pdl_wait() as well. Through L1.
+// programmatic dependent launch breaks, and ptxas then may (and in one GEMV build did) move such a load above
+// griddepcontrol.wait (docs/design.md §Rounding and correctness). volatile keeps NVVM from moving them across
+// pdl_wait() as well. Through L1.
 AWQ_DEVICE uint4 ld_act16(const void* p) {
   uint4 v;
   asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
@@ -294,7 +302,7 @@ AWQ_DEVICE uint4 lds128(const void* p) { return lds128(smem_addr(p)); }
 // ------------------------------------------------------------------------------------------------------------
 template <typename T> AWQ_DEVICE void mma_16816(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1);
 template <> AWQ_DEVICE void mma_16816<__half>(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-#if AWQ_CUPY_CC >= 800
+#if AWQ_ARCH_MMA_K16
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                "{%0,%1,%2,%3};\n"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -309,7 +317,7 @@ template <> AWQ_DEVICE void mma_16816<__half>(float (&c)[4], const u32 (&a)[4], 
 #endif
 }
 template <> AWQ_DEVICE void mma_16816<__nv_bfloat16>(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-#if AWQ_CUPY_CC >= 800
+#if AWQ_ARCH_MMA_K16
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                "{%0,%1,%2,%3};\n"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])

@@ -3,8 +3,8 @@
 //   W[k, n] = (Q[k, n] - Z[k / G, n]) * S[k / G, n]      computed in fp32, rounded once to OutT.
 //
 // (q - z) is an integer in [-15, 15] and S has at most 11 significant bits, so the fp32 product is exact and
-// the result is bit-identical to numpy's fp16(float32(q - z) * float32(s)) (awq-formats.md §2.3) - the GPU test
-// checks that bit for bit. Operands:
+// the result is bit-identical to numpy's fp16(float32(q - z) * float32(s)) (docs/formats.md §Dequantization);
+// the GPU test checks that bit for bit. Operands:
 //   qweight int32 [K, N/8]   gemm packing (nibble slot REV[j] holds column 8c+j)
 //   qzeros  int32 [K/G, N/8] same packing
 //   scales  ScaleT [K/G, N]  fp16 (as checkpoints store it) or bf16

@@ -10,15 +10,15 @@
 //   scales  T [NG, Np] read as u32 pairs: per 16-column block permuted so that word c holds channels c and c + 8.
 //   zeros   T [NG, Np]: same permutation, stored as MAGIC + z (1024 + z for fp16, 128 + z for bf16).
 //   bias    T [N] or null; y T [M, N]; ws float [splits, M, Np] partial sums when splits > 1.
-// Launched by awq_cupy.matmul (awq_cupy/ops.py _launch_gemm).
+// Launched by awq_cupy.matmul (awq_cupy.launch.prepare_gemm).
 #include "common.cuh"
 #include "gemm_units.cuh"
 
 
 // y[m, n] = T(sum over splits of ws[s, m, n] (in split order) + bias[n]); C = 2, 4 or 8 columns per thread
 // (N % 8 == 0: AWQ packs eight channels per word; the launch picks C from the output size). A thread requests
-// the C columns of up to RS splits at once and then adds them in split order (the first version loaded one pair
-// per split and added it before the next load: a chain of L2 round trips per thread, bench/NOTES.md v22).
+// the C columns of up to RS splits at once and then adds them in split order: loading one split's columns and
+// adding them before the next load would make a chain of L2 round trips per thread (docs/design.md §Split-K reduce).
 template <typename T, int C>
 __global__ void __launch_bounds__(256) awq_splitk_reduce_kernel(
     const float* __restrict__ ws,  // [splits, M, Np]
@@ -82,12 +82,12 @@ __global__ void __launch_bounds__(256) awq_splitk_reduce_kernel(
 }
 
 // ============================================================================================================
-// awq_gemm_sw_kernel (v12): y^T[N, M] = W^T @ x^T with the operands swapped (the weights are the mma's A operand,
+// awq_gemm_sw_kernel: y^T[N, M] = W^T @ x^T with the operands swapped (the weights are the mma's A operand,
 // 16 channels per mma; x^T is B, 8 tokens per mma); no cp.async anywhere.
 //
-// Why: on the H200 cp.async groups do not overlap with depth (bench/NOTES.md, v10 and v12): a ring of 64-k stages
-// fetched with cp.async cost about one L2 round trip per stage whatever its depth, which is what bounded the v1
-// GEMM (~1.75 us per stage). Plain loads into registers, issued units ahead, do overlap.
+// Why: on the H200 cp.async groups do not overlap with depth (docs/design.md §mma.sync GEMM (gemm_tc)): a ring of
+// 64-k stages fetched with cp.async costs about one L2 round trip per stage whatever its depth, which bounds a GEMM
+// built on it. Plain loads into registers, issued units ahead, do overlap.
 // - Weights take the GEMV's path: 16-byte loads into registers P - 1 units ahead; each lane's word is directly its
 //   A fragments (16 channels x 64 k, layout.py); no shared memory for weights.
 // - x goes through shared memory so that the 8 warps of a CTA share it: each thread loads its 16-byte chunks of
@@ -106,6 +106,10 @@ __global__ void __launch_bounds__(256) awq_splitk_reduce_kernel(
 namespace awq_sw {
 constexpr int WARPS = 8;
 constexpr int THREADS = 32 * WARPS;
+// x slot of NB token blocks: 8 NB rows x 64 k x 2 bytes; the CTA double-buffers it. The launch takes
+// awq_cupy.kernels.GemmVariant.smem_bytes, checked against smem_bytes by a static_assert per variant.
+template <int NB> constexpr int slot_bytes() { return 8 * NB * 64 * 2; }
+template <int NB> constexpr int smem_bytes() { return 2 * slot_bytes<NB>(); }
 }  // namespace awq_sw
 
 template <typename T, int NB, int TW, int P, bool GA>
@@ -126,7 +130,7 @@ __global__ void __launch_bounds__(awq_sw::THREADS, 1) awq_gemm_sw_kernel(
   pdl_wait();      // x may come from the previous kernel (x and weights are loaded together here)
   static_assert(P >= 2, "at least one unit loaded ahead");
   constexpr int BM = 8 * NB, SZ = GA ? 1 : 2;
-  constexpr int SLOT_BYTES = BM * 64 * 2;
+  constexpr int SLOT_BYTES = slot_bytes<NB>();
   using Stream = UnitStream<T, TW, SZ, BM, THREADS>;
   extern __shared__ __align__(16) unsigned char smem[];
 

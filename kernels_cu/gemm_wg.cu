@@ -2,33 +2,33 @@
 // For M from a few dozen rows up (the dispatch table's wgmma_min_m); the sm_90a counterpart of awq_gemm_sw_kernel
 // (gemm_tc.cu), with the same operands, work split and weight rounding (fp32 sums may differ in the last bits).
 //
-// Why: mma.sync stays below ~45% of the tensor pipe here (bench/NOTES.md, v12): with the accumulators of a
-// useful tile in registers only two warps fit per scheduler, and each warp's stream of decode + ldmatrix + mma
-// stalls on its own dependencies. wgmma runs asynchronously: a warp issues one instruction per 16 channels x
-// 8 NB tokens x 16 k and decodes the next weight fragments while the tensor cores work.
+// Why: mma.sync stays below ~45% of the tensor pipe here (docs/design.md §wgmma GEMM (gemm_wg)): with the
+// accumulators of a useful tile in registers only two warps fit per scheduler, and each warp's stream of decode +
+// ldmatrix + mma stalls on its own dependencies. wgmma runs asynchronously: a warp issues one instruction per 16
+// channels x 8 NB tokens x 16 k and decodes the next weight fragments while the tensor cores work.
 // - A (the weights) comes from registers: each warp's 16 channels of a 16-column block, decoded from the tile
-//   layout exactly as in the GEMV / v12 (the word of lane (g, t) is its mma A fragment), times the scales:
-//   T((q - z) * s) with one rounding. A warpgroup's 4 warps make the 64 rows of one wgmma.
+//   layout exactly as in the GEMV and the mma.sync GEMM (the word of lane (g, t) is its mma A fragment), times the
+//   scales: T((q - z) * s) with one rounding. A warpgroup's 4 warps make the 64 rows of one wgmma.
 // - B (x^T) comes from shared memory: per 64-k unit BM = 8 NB token rows of 128 bytes in the layout's mma k order,
 //   16-byte chunks XOR-swizzled by row (the 128-byte swizzle of the wgmma descriptor, slots 1024-byte aligned);
 //   k16 step t starts 32 t bytes in.
 // Pipeline: x is first laid out by awq_tile_x_kernel as the exact shared-memory image of each (token tile, 64-k
 // unit): BM rows of 128 B, swizzled, zero past M and K. One thread requests unit u + SLOTS - 2 with a single bulk
 // copy (cp.async.bulk, completion counted in bytes on the slot's mbarrier) at the start of unit u, so up to
-// SLOTS - 2 units of x are in flight without registers (v13: with x staged through registers, loads issued one
-// unit ahead left the tensor pipe 64% idle on long-scoreboard stalls at M = 1024). Weights, scales and zeros come
-// into registers (plain loads; a cp.async ring does not overlap on the H200, v10) in batches of B = P / 2 units,
+// SLOTS - 2 units of x are in flight without registers (x staged through registers, with loads issued one unit
+// ahead, leaves the tensor pipe ~64% idle on long-scoreboard stalls at M = 1024). Weights, scales and zeros
+// come into registers (plain loads; a cp.async ring does not overlap on the H200) in batches of B = P / 2 units,
 // two batches of registers: the next batch is requested right after the first wgmma of the current batch, so the
 // first use of a batch waits only for loads issued B units earlier. (ptxas counts all these loads on one
-// scoreboard and waits for all of them at a first use: loading one unit ahead per unit, as before v20, made the
-// first unit of each unrolled round wait for the loads just issued, a full memory latency every P units.)
+// scoreboard and waits for all of them at a first use: loading one unit ahead per unit would make the first unit of
+// each unrolled round wait for the loads just issued, a full memory latency every P units.)
 // Per unit every thread waits for its slot's mbarrier phase, and the CTA meets at one barrier after the unit, so
 // that the slot refilled next (that of unit u - 1) is no longer read. Per k16 step a warp waits until at most
 // PEND wgmma groups are pending (1 below 128 tokens, 3 from there; four fragment buffers, so the one it is about
 // to overwrite is free, and at the barrier after unit u every wgmma of unit u - 1 has finished), decodes, fences
 // and issues TW wgmma. Each buffer is read again (awq_wg::retire) right after the wait that retires its wgmmas,
 // so that the compiler keeps it in its own registers while they run (it does not know that a wgmma still reads
-// them; bench/NOTES.md v34, v35).
+// them; docs/design.md §wgmma GEMM (gemm_wg)).
 // Work split: CTA = 8 warps (2 warpgroups) x TW 16-column blocks per warp x BM tokens; grid (column tiles, splits,
 // token tiles); split-K partials summed by awq_splitk_reduce_kernel (gemm_tc.cu) in split order.
 // Variants: T x (NB, TW, P) x GA (table: awq_cupy/kernels.py GEMM_WG_SHAPES); awq_tile_x_kernel per T.
@@ -40,6 +40,11 @@ namespace awq_wg {
 constexpr int WARPS = 8;
 constexpr int THREADS = 32 * WARPS;
 constexpr int SLOTS = 6;   // x slots: SLOTS - 2 units requested ahead
+// x slot of NB token blocks: 8 NB rows of 128 B (one 64-k unit); the dynamic shared memory holds SLOTS of them
+// plus 1 KB, so that the slots can start on the 1024-byte boundary the 128-byte swizzle needs. The launch takes
+// awq_cupy.kernels.WgmmaVariant.smem_bytes, checked against smem_bytes by a static_assert per variant.
+template <int NB> constexpr int slot_bytes() { return 8 * NB * 128; }
+template <int NB> constexpr int smem_bytes() { return SLOTS * slot_bytes<NB>() + 1024; }
 // (fence / commit / wait and the shared-memory descriptor: wgmma.cuh)
 
 // Keep the compiler from moving accesses of an accumulator across the asynchronous MMAs.
@@ -48,10 +53,10 @@ template <int R> AWQ_DEVICE void pin(float (&d)[R]) {
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 // A wgmma reads its A registers until a wait retires it, which the compiler does not know: after the wgmma's asm
-// statement it may give those registers to other values (bench/NOTES.md v34: a merged pair of buffers in the
-// weights-as-B prototype). Reading a fragment buffer here, right after the wait that retires its wgmmas, keeps its
+// statement it may give those registers to other values (as it did, merging a pair of buffers, in a weights-as-B
+// prototype). Reading a fragment buffer here, right after the wait that retires its wgmmas, keeps its
 // values live for the whole flight, so their registers cannot be given to other values meanwhile (ptxas could
-// still move or spill them; tests/test_compile_all.py reads the SASS for such writes).
+// still move or spill them; tests/test_kernels.py reads the SASS for such writes).
 template <int TW> AWQ_DEVICE void retire(u32 (&a)[TW][4]) {
 #pragma unroll
   for (int i = 0; i < TW; ++i)
@@ -93,8 +98,8 @@ __global__ void __launch_bounds__(256) awq_tile_x_kernel(const T* __restrict__ x
   }
 }
 
-// PEND: wgmma groups left pending at each k16 step (1..3; bench/NOTES.md v20: 3 pays from 128 tokens, and the
-// 128-token tile's PEND = 2 variant fits two CTAs per SM; awq_cupy/kernels.py).
+// PEND: wgmma groups left pending at each k16 step (1..3; 3 pays from 128 tokens, and the 128-token tile's PEND = 2
+// variant fits two CTAs per SM; awq_cupy/kernels.py, docs/design.md §wgmma GEMM (gemm_wg)).
 // KW: K streams per CTA. KW = 1: the two warpgroups take different channels (128 TW per CTA) and share each unit's
 // x tile. KW = 2: both take the same 64 TW channels, warpgroup g the g-th half of the split's units, each with its
 // own x slots (SLOTS / 2), mbarriers and per-unit named barrier; at the end warpgroup 1 hands its fp32 sums to
@@ -122,7 +127,7 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
   constexpr int SL = SLOTS / KW;            // x slots per K stream: SL - 2 units requested ahead
   static_assert(SL >= 3, "three x slots per K stream");
   static_assert(KW == 1 || TW * BM * 256 <= SLOTS * BM * 128, "warpgroup 1's sums fit in the x slots");
-  constexpr int SLOT_BYTES = BM * 128;
+  constexpr int SLOT_BYTES = slot_bytes<NB>();
   using Stream = UnitStream<T, TW, SZ, BM, THREADS, false>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ __align__(8) unsigned long long bars[SLOTS];

@@ -10,7 +10,7 @@
 //
 // Operands: x T [M, K] (16-byte aligned rows, K % 8 == 0); qtiles uint4 [NT16][KS][32]; scales/zeros [NG, Np]
 // of T, permuted per 16-column block (word c of block t holds channels 16t + c and 16t + c + 8), read here as
-// u32 words; bias T [N] or null; y T [M, N]; fd_*: common.cuh fastdiv parameters (awq_cupy.ops.gemv_dividers).
+// u32 words; bias T [N] or null; y T [M, N]; fd_*: common.cuh fastdiv parameters (awq_cupy.plans.gemv_dividers).
 //
 // Work split, chosen so that no two CTAs share an output (no atomics, no workspace, no second kernel):
 // - The 16-column blocks are dealt to the CTAs (one per SM) in contiguous ranges that differ by at most one
@@ -20,7 +20,8 @@
 //   contiguous runs, one per warp. In the layout a run is one linear byte range per block (a block's K is
 //   contiguous), so every warp streams the same number of bytes whatever the shape. KD = 2 (pairs only, groups of
 //   whole 64-k blocks): a unit of two blocks x two 64-k blocks has the work of a four-block unit without the
-//   fours' padding (bench/NOTES.md v29); with an odd block count the last unit's second 64-k block is zeros.
+//   fours' padding (docs/design.md §GEMV (gemv_tc)); with an odd block count the last unit's second 64-k block
+//   is zeros.
 // - A column group covered by one warp is written by that warp. A group shared by consecutive warps (at most
 //   the ends of each run) leaves fp32 partials in shared memory (awq_gemv::OneSlot variants: only the segments
 //   that continue a group of an earlier warp; the warp where the group starts keeps its own in registers); after
@@ -32,15 +33,17 @@
 // multiplies unit u, the loads of the next units (TW weight words with the streaming cache hint, the scale/zero
 // words of their blocks, and the x^T fragments of their 64 k) are in flight. On the H200 this reaches 3.7 TB/s
 // with 2 KB in flight per warp, where a cp.async shared-memory ring of any depth stayed at 1.6-3.5 TB/s
-// (bench/NOTES.md, v10, bench/stream_probe.py). x is read through L1 (every warp of the CTA reads the same rows).
+// (docs/design.md §Measured bounds, bench/probes/stream_probe.py). x is read through L1 (every warp of the CTA reads the
+// same rows).
 // Math: the weights enter the mma as exact (q - z); each group's fp32 sum is multiplied by the channel's scale
 // at the group's end, once per group (GA: groups of whole 64-k blocks, or one group) or per 32 k (G % 64 == 32).
 // Except the pairs at two token blocks (awq_gemv::Scaled): they multiply by T((q - z) s) like the GEMMs, summed
-// straight into the fp32 accumulators, which frees the registers for 16 warps on sm_90 (bench/NOTES.md v36).
+// straight into the fp32 accumulators, which frees the registers for 16 warps on sm_90
+// (docs/design.md §GEMV (gemv_tc)).
 // Variants: T x (NB, TW) x GA, and (NB, 2) with KD = 2 (table: awq_cupy/kernels.py); W (warps per CTA) is a launch
 // parameter; THR and STG (launch bound, register stages) default to awq_gemv::Bounds of TW x KD blocks per unit and
-// are knobs for bench/gemv_stages.py. With AWQ_GEMV_SHAPE defined, a variant is compiled for one launch shape
-// (everything but M, x, y and the pointers fixed at compile time; sm_90, awq_cupy.ops.gemv_specializes).
+// are knobs for bench/probes/gemv_stages.py. With AWQ_GEMV_SHAPE defined, a variant is compiled for one launch shape
+// (everything but M, x, y and the pointers fixed at compile time; awq_cupy.plans.gemv_specializes).
 // Launched by awq_cupy.matmul.
 #include "common.cuh"
 #include "gemm_units.cuh"
@@ -52,33 +55,40 @@ namespace awq_gemv {
 // Whether a variant multiplies by the rounded weights T((q - z) s) (ScaledDecoder, as the GEMMs and dequantize do)
 // instead of the exact (q - z) with the scales applied to fp32 group sums: the plain pairs at two token blocks.
 // Without the group sums they fit 16 warps on sm_90 (126-128 registers, no spill), where the scaled decode ran them
-// 7-14% faster than the exact one at 12 (and at 16, where the exact decode needs all 128 registers), e.g.
-// Mistral-7B down at M = 16 16.9 -> 15.7 us (bench/NOTES.md v36). awq_cupy.kernels gemv_scaled mirrors this (and
-// ops.rounds_weights tells callers which weights matmul multiplies).
+// 7-14% faster than the exact one at 12 (and at 16, where the exact decode needs all 128 registers;
+// docs/design.md §GEMV (gemv_tc)). awq_cupy.kernels.GemvVariant.scaled states the same rule, checked against this
+// one by a static_assert per variant (and plans.rounds_weights tells callers which weights matmul multiplies).
 template <int NB, int TW, int KD> struct Scaled {
   static constexpr bool value = NB == 2 && TW == 2 && KD == 1;
 };
 // Whether a variant needs one fp32 partial slot per warp instead of two: the warp in which a shared column group
 // starts keeps its own last segment in registers, so only segments that continue a group take a slot. Halving the
 // shared memory leaves a larger L1 for x, where x is large and read by several column groups of the CTA: two token
-// blocks with three or four blocks per unit (H200, Mistral-7B gate_up at M = 16 24.62 -> 24.30 us, outputs
-// bitwise the same; the other variants measured slower with it: bench/NOTES.md v39). awq_cupy.kernels
-// gemv_one_slot mirrors this.
+// blocks with three or four blocks per unit (H200: ~1% faster on Mistral-7B gate_up at M = 16, outputs bitwise the
+// same; the other variants measured slower with it: docs/design.md §GEMV (gemv_tc)).
 template <int NB, int TW> struct OneSlot {
   static constexpr bool value = NB == 2 && TW >= 3;
 };
+// Dynamic shared memory for W warps: fp32 partials [2W][TW NB][32] float4 (OneSlot: [W][TW NB][32]). The launch
+// takes awq_cupy.kernels.GemvVariant.smem_bytes, checked against this by a static_assert per variant.
+template <int NB, int TW> constexpr int smem_bytes(int W) {
+  return (OneSlot<NB, TW>::value ? W : 2 * W) * TW * NB * 32 * 16;
+}
+// The arch's features (awq_cupy.jit.Arch: AWQ_ARCH_GEMV_SCALED_16_WARPS, AWQ_ARCH_GEMV_MID_WARPS) decide the
+// bounds of the scaled pairs and of the middle units; awq_cupy.kernels.GemvVariant.max_warps is checked against
+// this by a static_assert per variant.
 template <int NB, int TW, bool GA, bool SC> struct Bounds {   // TW: blocks per unit (x KD); SC: Scaled
   // (1, 3) with two scale groups per unit spills at 512 threads: it takes the 4-block bound
   static constexpr int threads =
       (TW * NB >= 8) ? 256
-      : (SC && AWQ_CUPY_CC >= 900) ? 512
-      : (TW * NB >= 4 || (TW == 3 && !GA)) ? (AWQ_CUPY_CC < 800 ? 256 : 384) : 512;
+      : (SC && AWQ_ARCH_GEMV_SCALED_16_WARPS) ? 512
+      : (TW * NB >= 4 || (TW == 3 && !GA)) ? 32 * AWQ_ARCH_GEMV_MID_WARPS : 512;
   // units in registers (S - 1 loading ahead); two scale groups per unit cost too many registers for three
   static constexpr int stages = (NB == 1 && (TW == 1 || (TW == 2 && GA))) ? 3 : 2;
 };
 }  // namespace awq_gemv
 
-// AWQ_GEMV_TRACE (bench/gemv_trace.py only): thread 0 of each CTA writes %globaltimer at ten points (0..6: entry,
+// AWQ_GEMV_TRACE (bench/probes/gemv_trace.py only): thread 0 of each CTA writes %globaltimer at ten points (0..6: entry,
 // index arithmetic done, prologue loads issued, pdl_wait returned, first unit computed, main loop done, end; 7..9:
 // inside the index arithmetic), lane 0 of a warp that sums a shared column group by itself at two (10: the sum
 // starts, 11: the sum is done, before its stores; the last such warp to write wins), and lane 0 of each warp w at
@@ -103,7 +113,7 @@ template <int NB, int TW, bool GA, bool SC> struct Bounds {   // TW: blocks per 
 #endif
 
 // floor(n / d) for a launch constant d: on sm_90 a multiply and a shift with the host's parameter fd (common.cuh
-// fastdiv; v25: the CTAs start their loads ~1 us sooner); elsewhere the plain division, because with the multiply
+// fastdiv: the CTAs start their loads ~1 us sooner); elsewhere the plain division, because with the multiply
 // ptxas spills the bf16 (2, 3) variant without aligned groups on sm_86/89. Both are exact.
 #if AWQ_CUPY_CC >= 900
 #define AWQ_GEMV_DIV(n, d, fd) fastdiv((n), (fd))
@@ -117,7 +127,7 @@ template <int NB, int TW, bool GA, bool SC> struct Bounds {   // TW: blocks per 
 // A group ending inside the run of the warp where it starts was stored by that warp. Called only where the CTA
 // has one column group: every warp then stored its one segment, also under awq_gemv::OneSlot (slot w), where
 // the group starts at warp 0's first unit. Not inlined: ptxas then schedules the kernel's main loop closer to
-// the way it does without this epilogue (bench/sass_loop.py).
+// the way it does without this epilogue (tests/sass.py).
 template <typename T, int NB, int TW>
 __device__ __noinline__ void awq_gemv_shared_groups(const float* __restrict__ partials, const T* __restrict__ bias,
                                                     T* __restrict__ y, int M, int N, int KQ, int b0, int nblk,
@@ -181,12 +191,12 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
 #ifdef AWQ_GEMV_SHAPE
   // Compiled for one launch shape (awq_cupy.kernels.gemv_shape_family; the arguments still arrive and must match):
   // the index arithmetic folds to constants and the loop needs no parameter loads. H200: the first weights go out
-  // earlier, M = 1 sum over Mistral-7B 42.0 -> 40.6 us (bench/NOTES.md v31).
+  // earlier, ~3% off the Mistral-7B layers at M = 1 (docs/design.md §GEMV (gemv_tc)).
   N = AWQ_GEMV_N; K = AWQ_GEMV_K; NT16 = AWQ_GEMV_NT16; KS = AWQ_GEMV_KS; G = AWQ_GEMV_G; NG = AWQ_GEMV_NG;
   Np = AWQ_GEMV_NP;
   fd_grid = AWQ_GEMV_FD_GRID; fd_w = AWQ_GEMV_FD_W; fd_kq = AWQ_GEMV_FD_KQ; fd_g = AWQ_GEMV_FD_G;
 #ifdef AWQ_GEMV_M
-  M = AWQ_GEMV_M;   // and for one token count (ops.gemv_compiled_tokens): the token predicates fold (v32)
+  M = AWQ_GEMV_M;   // and for one token count (plans.gemv_compiled_tokens): the token predicates fold
 #endif
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = AWQ_GEMV_W;
 #else
@@ -349,7 +359,7 @@ __global__ void __launch_bounds__(THR, 1) awq_gemv_tc_kernel(
 
   int c_ks = l_ks, c_cg = l_cg;                    // relative column group being consumed
   bool seg_first = true, seg_whole_start = c_ks == 0;
-  // Two token blocks on sm_90 (measured there, v27), one column group per CTA: the group's sum is spread over the
+  // Two token blocks on sm_90 (measured there), one column group per CTA: the group's sum is spread over the
   // CTA after the loop (awq_gemv_shared_groups), which reads every warp's segment from its slot.
   constexpr bool CTA_SUM_VARIANT = NB == 2 && (TW != 3 || GA) && AWQ_CUPY_CC >= 900;
   const bool cta_sum = CTA_SUM_VARIANT && nblk <= TW;

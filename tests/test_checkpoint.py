@@ -329,7 +329,7 @@ def test_gemv_tag_on_gemm_tensors_detection_wins(tmp_path, rng, K, N):
 
 
 def test_square_gemv_layer(tmp_path, rng):
-    """K = N: gemm and gemv qweight shapes coincide; the scales shape tells them apart (spec §8 P2)."""
+    """K = N: gemm and gemv qweight shapes coincide; the scales shape tells them apart (docs/formats.md §Checkpoint pitfalls)."""
     qt, packed = make_layer(rng, 256, 256, 128, "gemv")
     assert packed["qweight"].shape == (256, 32)
     write_checkpoint(tmp_path, prefixed(UP, packed), {**AWQ, "version": "gemv"})

@@ -37,7 +37,7 @@ def test_compile_one_family_prints_a_table(tmp_path):
     r = run_cli("compile", "--arch", "90", "--family", "dequant", cache=tmp_path / "cache")
     assert r.returncode == 0, r.stdout + r.stderr
     rows = table_rows(r.stdout)
-    assert [row["variant"] for row in rows] == list(kernels.DEQUANT.variants(jit.ARCHS["90"]))
+    assert [row["variant"] for row in rows] == list(kernels.DEQUANT.names(jit.ARCHS["90"]))
     for row in rows:
         assert row["family"] == "dequant" and row["arch"] == "sm_90"
         assert row["regs"] > 0 and row["spill_stores"] == row["spill_loads"] == 0
@@ -54,7 +54,7 @@ def test_compile_two_archs_and_families(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     got = {(row["family"], row["arch"], row["variant"]) for row in table_rows(r.stdout)}
     want = {(f.name, jit.ARCHS[a].target, v) for a in ("75", "86") for f in (kernels.REPACK, kernels.DEQUANT)
-            for v in f.variants(jit.ARCHS[a])}
+            for v in f.names(jit.ARCHS[a])}
     assert got == want
 
 

@@ -131,7 +131,7 @@ def test_gemv_plan_fits_the_arch(M, arch):
     a = jit.ARCHS[arch]
     for K, N, G in [(4096, 28672, 128), (14336, 4096, 32), (64, 64, 64), (28672, 8192, 128)]:
         shapes = kernels.gemv_shapes(a, G % 64 == 0 or K // G == 1)
-        if M > 16 and (a.cc < 90 or G % 64):
+        if M > 16 and (not a.gemv_wide or G % 64):
             assert not any(nb == -(-M // 8) for nb, _ in shapes)
             with pytest.raises(ValueError, match="no GEMV variant"):
                 plan_gemv(M, K, N, G, arch=a)
@@ -140,7 +140,7 @@ def test_gemv_plan_fits_the_arch(M, arch):
                 continue
             p = plan_gemv(M, K, N, G, arch=a, tiles=tiles)
             assert p.smem <= a.smem_optin
-            assert 1 <= p.warps <= kernels.gemv_max_warps(nb, tiles, a, p.aligned)
+            assert 1 <= p.warps <= kernels.GemvVariant("float16", nb, tiles, p.aligned).max_warps(a)
             assert p.grid <= 132 and p.grid <= p.NT16 and p.NT16 * 16 >= N
             assert p.aligned == (G % 64 == 0 or K // G == 1)
 
@@ -191,26 +191,24 @@ def test_gemv_scaled_pairs_and_their_warps():
     which gives them 16 warps on sm_90 (128 registers, no spill) and keeps the other archs' bounds."""
     from awq_cupy.jit import ARCHS
 
-    scaled = {(nb, tw, kd) for nb, tw in kernels.GEMV_SHAPES for kd in (1, 2) if kernels.gemv_scaled(nb, tw, kd)}
+    V = kernels.GemvVariant
+    scaled = {(nb, tw, kd) for nb, tw in kernels.GEMV_SHAPES for kd in (1, 2) if V("float16", nb, tw, True, kd).scaled}
     assert scaled == {(2, 2, 1)}
-    assert kernels.gemv_max_warps(2, 2, ARCHS["90"]) == 16 and kernels.gemv_max_warps(2, 2, ARCHS["90"], False) == 16
-    assert kernels.gemv_max_warps(2, 2, ARCHS["89"]) == 12 and kernels.gemv_max_warps(2, 2, ARCHS["75"]) == 8
-    assert kernels.gemv_max_warps(2, 2, ARCHS["90"], kdepth=2) == 8
+    assert V("float16", 2, 2).max_warps(ARCHS["90"]) == 16 and V("float16", 2, 2, False).max_warps(ARCHS["90"]) == 16
+    assert V("float16", 2, 2).max_warps(ARCHS["89"]) == 12 and V("float16", 2, 2).max_warps(ARCHS["75"]) == 8
+    assert V("float16", 2, 2, True, 2).max_warps(ARCHS["90"]) == 8
     assert plan_gemv(16, 4096, 4096, 32).warps == 16    # also with two scale groups per 64-k block
 
 
 def test_gemv_one_partial_slot_per_warp_where_the_kernel_keeps_one():
     """awq_gemv::OneSlot (two token blocks, three or four blocks per unit) keeps one fp32 partial slot per warp;
-    plan_gemv's shared memory follows it, and the kernel source states the same rule as kernels.gemv_one_slot."""
-    import re
-
-    one = {(nb, tw) for nb, tw in kernels.GEMV_SHAPES if kernels.gemv_one_slot(nb, tw)}
+    plan_gemv's shared memory follows it (the kernel's own size, awq_gemv::smem_bytes, is checked against
+    kernels.GemvVariant.smem_bytes by the family's static_asserts when it compiles)."""
+    one = {(nb, tw) for nb, tw in kernels.GEMV_SHAPES if kernels.GemvVariant("float16", nb, tw).one_slot}
     assert one == {(2, 3), (2, 4)}
-    src = jit._kernel_dir().joinpath("gemv_tc.cu").read_text()
-    assert re.search(r"struct OneSlot \{\s*static constexpr bool value = NB == 2 && TW >= 3;", src)
     for M, K, N in [(16, 4096, 28672), (16, 14336, 4096), (1, 4096, 28672), (12, 8192, 57344)]:
         p = plan_gemv(M, K, N, 128)
-        slots = 1 if kernels.gemv_one_slot(p.token_blocks, p.tiles) else 2
+        slots = 1 if p.variant("float16").one_slot else 2
         assert p.smem == slots * p.warps * 32 * p.tiles * p.token_blocks * 16, (M, K, N, p)
 
 
@@ -240,7 +238,7 @@ def test_gemv_wide_rule_and_tiles_match_the_h200_sweep():
     behind = []
     for (model, dt, layer, K, N, M), t in rows.items():
         p = plan_gemv(M, K, N, 128, dtype=dt)
-        assert p.warps == kernels.gemv_max_warps(p.token_blocks, p.tiles, jit.ARCHS["90"])
+        assert p.warps == p.variant(dt).max_warps(jit.ARCHS["90"])
         gemv = t[f"gemv:{p.token_blocks}:{p.tiles}:{p.warps}"]
         takes = gemv_wide_takes(M, K, N, 128, jit.ARCHS["90"], dtype=dt)
         assert takes == (gemv < t["gemm"]), (model, dt, layer, M, gemv, t["gemm"])
@@ -284,7 +282,7 @@ def test_gemv_plan_rejects_bad_m():
     for M in (0, 33):
         with pytest.raises(ValueError, match="no GEMV variant"):
             plan_gemv(M, 64, 64, 64)
-    with pytest.raises(ValueError, match="more than 16 rows need compute capability 9.0"):
+    with pytest.raises(ValueError, match="more than 16 rows need an arch with the wide GEMV"):
         plan_gemv(17, 4096, 4096, 128, arch=jit.ARCHS["89"])
     with pytest.raises(ValueError, match="groups of whole 64-k blocks"):
         plan_gemv(32, 4096, 4096, 32)
@@ -310,8 +308,9 @@ def test_gemv_plan_rejects_bad_m():
 def test_gemv_tiles_choice():
     from awq_cupy.plans import gemv_tiles_for
 
-    # the fastest variant measured per layer on the H200 (bench/gemv_sweep.py, bench/NOTES.md v29): (NT16, tiles)
-    # for Mistral-7B o/down (2 blocks per CTA), qkv (3), gate_up (14), Llama-2-70B o/down (4), qkv (5), gate_up (28)
+    # the fastest variant measured per layer on the H200 (bench/sweeps/gemv_sweep.py, docs/history.md v29):
+    # (NT16, tiles) for Mistral-7B o/down (2 blocks per CTA), qkv (3), gate_up (14), Llama-2-70B o/down (4), qkv (5),
+    # gate_up (28)
     up_to_8 = ((256, 2), (384, 3), (1792, 3), (512, 4), (640, 3), (3584, 4))
     up_to_16 = ((256, 2), (384, 3), (1792, 3), (512, 4), (640, 3), (3584, 4))
     for M, table in ((1, up_to_8), (8, up_to_8), (9, up_to_16), (16, up_to_16)):
@@ -500,7 +499,7 @@ def test_tune_choice_from_measurements():
 def test_tune_choice_between_the_two_gemm_kernels():
     from awq_cupy.tune import choose
 
-    # the H200's measurements after v12 (bench/results/dispatch_h200.json, bench/NOTES.md v12), in us
+    # the H200's measurements after v12 (bench/results/dispatch_h200.json, docs/history.md v12), in us
     sums = {8: dict(gemv=63, gemm_sw=92, gemm_wg=95, dequant_cublas=297),
             12: dict(gemv=92, gemm_sw=93, gemm_wg=96, dequant_cublas=296),
             16: dict(gemv=100, gemm_sw=88, gemm_wg=94, dequant_cublas=296),
@@ -626,7 +625,7 @@ def test_gemm_plan_with_two_k_streams():
         plan_gemm(256, 4096, 6144, 128, wgmma=False, ksplit=2)
 
 
-# (layer, M): the one-stream split count and whether two K streams are planned (bench/NOTES.md v23, H200 runs)
+# (layer, M): the one-stream split count and whether two K streams are planned (docs/history.md v23, H200 runs)
 _KSPLIT_CASES = {("qkv", 256): (2, True), ("qkv", 128): (2, True), ("o", 512): (2, True), ("down", 512): (2, False),
                  ("o", 128): (4, False), ("o", 256): (4, False), ("down", 128): (4, False),
                  ("down", 256): (4, False), ("gate_up", 256): (1, False), ("qkv", 64): (5, False),
@@ -820,7 +819,7 @@ def test_wgmma_two_per_sm_variant_only_for_grids_larger_than_the_sms():
         assert wgmma_pend(shape, 133, 132) == pend and wgmma_pend(list(shape), 1000, 132) == pend
         assert wgmma_pend(shape, 132, 132) is None and wgmma_pend(shape, 1, 132) is None
         assert wgmma_pend(shape, 1000, 132, batch_invariant=True) is None
-        # Mistral-7B at M = 128 (bench/NOTES.md v20): gate_up's default grid (224 CTAs) takes it, o's (128) does not
+        # Mistral-7B at M = 128 (docs/history.md v20): gate_up's default grid (224 CTAs) takes it, o's (128) does not
         gu = plan_gemm(128, 4096, 28672, 128, wgmma=True, tiles=shape[1], depth=shape[2])
         o = plan_gemm(128, 4096, 4096, 128, wgmma=True, tiles=shape[1], depth=shape[2])
         assert wgmma_pend(shape, math.prod(gu.grid), 132) == pend
@@ -840,15 +839,18 @@ def test_wgmma_variant_names_and_the_kernels_pend_default():
     assert m, "PEND default of awq_gemm_wg_kernel"
     for nb in (2, 4, 8, 16, 32):
         assert kernels.gemm_wg_pend(nb) == int(m.group(2) if nb >= int(m.group(1)) else m.group(3))
-        v = kernels.gemm_wg_variant("float16", nb, 1, 4, True)
-        assert v == kernels.gemm_wg_variant("float16", nb, 1, 4, True, kernels.gemm_wg_pend(nb))
-        assert v.count(",") == 4 and kernels.gemm_wg_variant("float16", nb, 1, 4, True, 2 if nb >= 16 else 3) != v
+        v = kernels.WgmmaVariant("float16", nb, 1, 4, True)
+        assert v == kernels.WgmmaVariant("float16", nb, 1, 4, True, kernels.gemm_wg_pend(nb))
+        other = kernels.WgmmaVariant("float16", nb, 1, 4, True, 2 if nb >= 16 else 3)
+        assert v.expr.count(",") == 4 and other != v and other.expr.count(",") == 5
+        two = kernels.WgmmaVariant("float16", nb, 1, 4, True, ksplit=2)
+        assert two.expr.endswith(f", {kernels.gemm_wg_pend(nb)}, 2>")
     from awq_cupy.jit import ARCHS
 
-    names = kernels.GEMM_WG.variants(ARCHS["90a"])
+    names = kernels.GEMM_WG.names(ARCHS["90a"])
     assert len(names) == len(set(names))
     for (nb, tw, depth), pend in kernels.GEMM_WG_PEND_TWO_PER_SM.items():
-        assert kernels.gemm_wg_variant("bfloat16", nb, tw, depth, False, pend) in names
+        assert kernels.WgmmaVariant("bfloat16", nb, tw, depth, False, pend).expr in names
 
 
 def test_launch_constants_match_the_kernel_sources():
@@ -867,7 +869,8 @@ def test_wgmma_smem_fits_the_h200_and_sm90_dispatch_uses_the_fused_gemm_up_to_76
     from awq_cupy.jit import ARCHS
 
     for nb, _, _ in kernels.GEMM_WG_SHAPES:   # slots + alignment + the mbarriers, within 227 KB per block
-        assert kernels.gemm_wg_smem_bytes(nb) + 8 * kernels.GEMM_WG_SLOTS <= ARCHS["90a"].smem_optin
+        smem = kernels.WgmmaVariant("float16", nb, 1, 4, True).smem_bytes
+        assert smem + 8 * kernels.GEMM_WG_SLOTS <= ARCHS["90a"].smem_optin
     row = dispatch.TABLE["90"]
     # the v14 tune: wgmma GEMM from the 32-token tile; dequantize + cuBLAS considered from 768 (v20 tune)
     assert row.gemv_max_m < row.wgmma_min_m <= 32 and 256 <= row.cublas_min_m <= 1024
@@ -975,7 +978,7 @@ def test_dispatch_table_is_consistent():
 
 
 def test_gemv_args_follow_the_kernel_signature():
-    """launch.gemv_args (the GEMV launch and bench/gemv_trace.py) passes awq_gemv_tc_kernel's parameters in order:
+    """launch.gemv_args (the GEMV launch and bench/probes/gemv_trace.py) passes awq_gemv_tc_kernel's parameters in order:
     x, qtiles, scales, zeros, bias, y, M, N, K, NT16, KS, G, NG, Np, then the four fastdiv dividers."""
     import types
 
@@ -1013,7 +1016,7 @@ def test_gemv_shape_family_defines_the_launch_arguments(M, K, N, G):
         p = plan_gemv(M, K, N, G, warps=warps)
         shape = gemv_shape_args(w, p)
         assert gemv_args("x", w, "b", "y", M, p)[7:] == shape == gemv_args("x", w, "b", "y", M, p, shape)[7:]
-        v = kernels.gemv_variant("float16", p.token_blocks, p.tiles, p.aligned, p.kdepth)
+        v = p.variant("float16")
         fam = kernels.gemv_shape_family(v, shape, p.warps)
         d = dict(fam.defines)
         assert d["AWQ_GEMV_SHAPE"] == "1" and d["AWQ_GEMV_W"] == str(p.warps) and "AWQ_GEMV_M" not in d
@@ -1072,7 +1075,7 @@ def test_gemv_kernel_compiles_per_launch_shape_and_token_count(monkeypatch):
     assert [plans.gemv_compiled_tokens(M, 4096, big // 4096 - 1) for M in (1, 16)] == [None, 16]
     loaded = []
     monkeypatch.setattr(kernels, "get_kernel", lambda fam, v, dev=None: loaded.append((fam, v)) or (fam.name, v))
-    monkeypatch.setattr(kernels, "kernel", lambda name, v, dev=None: loaded.append((name, v)) or (name, v))
+    monkeypatch.setattr(kernels, "kernel", lambda v, dev=None: loaded.append((v.family, v)) or (v.family, v))
     monkeypatch.setattr(launch, "_gemv_shape_kernels", {})
     monkeypatch.setattr(launch, "is_capturing", lambda: False)
     monkeypatch.delenv("AWQ_CUPY_GEMV_SHAPES", raising=False)
@@ -1086,7 +1089,7 @@ def test_gemv_kernel_compiles_per_launch_shape_and_token_count(monkeypatch):
         before = len(loaded)
         names[M] = launch.gemv_kernel(w, p, "float16", h100, M)[0]
         if len(loaded) > before:   # a first build: the generic variant, then the shape's kernel
-            v = kernels.gemv_variant("float16", p.token_blocks, p.tiles, p.aligned, p.kdepth)
+            v = p.variant("float16")
             assert loaded[before] == ("gemv_tc", v) and len(loaded) == before + 2
             d = dict(loaded[-1][0].defines)
             assert [d[f"AWQ_GEMV_{n}"].rstrip("ul") for n in kernels.GEMV_SHAPE_ARGS] == [

@@ -173,7 +173,7 @@ def test_fixture_convert_round_trip(entry, dst):
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Known answers and independent layout oracles (spec §2.1, §3.2, §4.2, §5.3)
+# Known answers and independent layout oracles (docs/formats.md §The gemm layout, §The gemv layout, §The gemv_fast layout, §The marlin layout)
 # ------------------------------------------------------------------------------------------------------------
 
 def test_known_answer_gemm(rng):
@@ -202,7 +202,7 @@ def test_known_answer_gemv_fast(rng):
 
 
 def test_gemv_fast_layout_matches_spec_index_formula(rng):
-    """Scatter with the spec's e(k, n) nibble index (§4.3), independently of the transpose in formats.py."""
+    """Scatter with the spec's e(k, n) nibble index (docs/formats.md §The gemv_fast layout), independently of the transpose in formats.py."""
     K, N = 192, 24
     Q, Z, S = _random_logical(rng, K, N, 64)
     k = np.arange(K)[:, None]
@@ -217,7 +217,7 @@ def test_gemv_fast_layout_matches_spec_index_formula(rng):
 
 
 def test_marlin_layout_matches_spec_word_definition(rng):
-    """Every word equals the §5.3 definition (lane, j -> 8 values in ORDER), spelled out element by element."""
+    """Every word equals the definition of docs/formats.md §The marlin layout (lane, j -> 8 values in ORDER), spelled out element by element."""
     K, N = 32, 128
     Q, _, S = _random_logical(rng, K, N, -1, symmetric=True)
     words = pack(Q, None, S, "marlin", -1)["qweight"].view(np.uint32)
@@ -292,7 +292,7 @@ def test_resolve_group_size_rejects(G, K, exc, match):
 # ------------------------------------------------------------------------------------------------------------
 
 ROUND_TRIPS = (
-    # real model shapes with padded zero widths (spec §3.1): 86 and 108 groups of 128, 172 groups of 64
+    # real model shapes with padded zero widths (docs/formats.md §Group sizes): 86 and 108 groups of 128, 172 groups of 64
     [(f, 11008, 64, 128) for f in FORMATS]
     + [(f, 13824, 64, 128) for f in FORMATS]
     + [(f, 11008, 16, 64) for f in ("gemm", "gemv", "gemv_fast")]

@@ -46,8 +46,9 @@ __global__ void tiny_kernel(float* y) { y[0] = undeclared_name * SCALE; }
 TINY_VARIANTS = ("tiny_kernel<1>", "tiny_kernel<2>")
 
 
-def tiny_family(name="tiny", source="tiny.cu", defines=()):
-    return jit.KernelFamily(name, source, lambda arch: TINY_VARIANTS, hot=True, defines=tuple(defines))
+def tiny_family(name="tiny", source="tiny.cu", defines=(), asserts=None):
+    return jit.KernelFamily(name, source, lambda arch: TINY_VARIANTS, hot=True, defines=tuple(defines),
+                            asserts=asserts)
 
 
 class Env:
@@ -69,7 +70,7 @@ def env(tmp_path, monkeypatch):
     (kdir / "common.cuh").write_text(HEADER)
     (kdir / "tiny.cu").write_text(TINY)
     e = Env(kdir, tmp_path / "cache")
-    monkeypatch.setattr(jit, "_kernel_dir", lambda: kdir)
+    monkeypatch.setattr(jit, "kernel_dir", lambda: kdir)
     monkeypatch.setenv("AWQ_CUPY_CACHE_DIR", str(e.cache))
     monkeypatch.delenv("AWQ_CUPY_DISABLE_CACHE", raising=False)
     monkeypatch.setattr(jit, "_compiled", {})     # an empty memory cache; the real one is restored afterwards
@@ -336,7 +337,7 @@ def test_missing_source_names_the_file(env):
 
 
 def test_family_not_supported_on_arch(env):
-    fam = jit.KernelFamily("sm80_only", "tiny.cu", lambda arch: TINY_VARIANTS, min_cc=80)
+    fam = jit.KernelFamily("sm80_only", "tiny.cu", lambda arch: TINY_VARIANTS, needs=("mma_k16",))
     with pytest.raises(jit.UnsupportedArchError, match="sm80_only.*sm_75"):
         jit.compile_family(fam, "75")
     assert env.compiles == 0
@@ -408,7 +409,7 @@ def test_arch_for_cc(cc, key):
 def test_arch_for_cc_arch_specific():
     a = jit.arch_for_cc(90, arch_specific=True)
     assert a is jit.ARCHS["90a"] and a.target == "sm_90a" and a.arch_specific and a.cc == 90
-    with pytest.raises(jit.UnsupportedArchError, match="9.0"):
+    with pytest.raises(jit.UnsupportedArchError, match=r"sm_90a \(compute capability 9.0\) only, got 80"):
         jit.arch_for_cc(80, arch_specific=True)
 
 
@@ -422,7 +423,13 @@ def test_arch_for_cc_unsupported(cc):
 
 def test_arch_table():
     assert [a.target for a in jit.ARCHS.values()] == ["sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"]
-    assert not jit.ARCHS["75"].has_mma_k16 and all(jit.ARCHS[k].has_mma_k16 for k in ("80", "86", "89", "90"))
+    assert not jit.ARCHS["75"].mma_k16 and all(jit.ARCHS[k].mma_k16 for k in ("80", "86", "89", "90", "90a"))
+    hopper = [a.key for a in jit.ARCHS.values() if a.pdl]
+    assert hopper == ["90", "90a"]
+    for a in jit.ARCHS.values():   # the sm_90 features come together, and both 9.0 rows have the same ones
+        assert a.wgmma == a.gemv_wide == a.gemv_shapes == a.gemv_scaled_16_warps == a.pdl, a.key
+        assert a.gemv_mid_warps == (12 if a.mma_k16 else 8), a.key
+    assert jit.ARCHS["90"].defines() == jit.ARCHS["90a"].defines()
     for a in jit.ARCHS.values():
         assert 48 * 1024 <= a.smem_optin <= 228 * 1024
 
@@ -457,6 +464,42 @@ def test_read_source_inlines_a_header_once_per_unit(env):
     assert text.count("// ---- begin common.cuh") == 2 and text.count("scaled(float v)") == 1
     assert "common.cuh already included" in text
     assert text.index("scaled(float v)") < text.index("int mid;") < text.index("int body;")
+
+
+def test_a_family_outside_the_package_finds_its_own_and_the_library_headers(env, tmp_path):
+    """``source_dir``: the family's folder first (its own headers win), then kernels_cu; it compiles like a
+    shipped family, into the same cache."""
+    own = tmp_path / "probes"
+    own.mkdir()
+    (own / "local.cuh").write_text("#define LOCAL_SCALE 2.0f\n")
+    (own / "probe.cu").write_text('#include "common.cuh"\n#include "local.cuh"\nextern "C" __global__ void '
+                                  'probe_kernel(float* y) { y[0] = scaled<1>(LOCAL_SCALE); }\n')
+    text = jit.read_source("probe.cu", own)
+    assert "float scaled(float v)" in text and "#define LOCAL_SCALE 2.0f" in text
+    with pytest.raises(FileNotFoundError, match="probe.cu"):
+        jit.read_source("probe.cu")                     # not in kernels_cu
+    fam = jit.KernelFamily("probe", "probe.cu", lambda arch: ("probe_kernel",), hot=False, source_dir=str(own))
+    c = jit.compile_family(fam, "86")
+    assert list(c.lowered) == ["probe_kernel"] and env.compiles == 1
+
+
+def test_family_asserts_are_compiled_with_the_source(env):
+    """``asserts(arch)`` lines are appended to the source: a false one fails the compile, naming its message, and
+    they are part of the cache key (the source text)."""
+    ok = tiny_family(asserts=lambda arch: ("static_assert(sizeof(float) == 4, \"float is 4 bytes\");",))
+    assert "static_assert(sizeof(float) == 4" in ok.source_text(jit.ARCHS["86"])
+    jit.compile_family(ok, "86")
+    bad = tiny_family(name="tiny_bad", asserts=lambda arch: ("static_assert(sizeof(float) == 8, \"table says 8\");",))
+    with pytest.raises(jit.CompileError, match="table says 8"):
+        jit.compile_family(bad, "86")
+
+
+def test_arch_features_reach_the_source_as_defines():
+    fam = tiny_family()
+    for a in jit.ARCHS.values():
+        opts = jit.compile_options(fam, a)
+        assert f"-DAWQ_ARCH_MMA_K16={int(a.mma_k16)}" in opts and f"-DAWQ_ARCH_PDL={int(a.pdl)}" in opts
+        assert f"-DAWQ_ARCH_GEMV_MID_WARPS={a.gemv_mid_warps}" in opts, opts
 
 
 def test_read_source_missing_include(env):

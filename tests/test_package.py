@@ -89,6 +89,14 @@ def test_wheel_ships_every_kernel_source(wheel):
         dist_info = f"awq_cupy-{project_version()}.dist-info/"
         stray = [n for n in names if not (n.startswith("awq_cupy/") or n.startswith(dist_info))]
         assert not stray, f"files outside the package: {stray}"
+        # the product only: every .cu is the source of a shipped family, every header is included by one of them
+        shipped = {f.source for f in kernels.FAMILIES.values()}
+        cu = {n.rsplit("/", 1)[1] for n in names if n.startswith("awq_cupy/kernels_cu/") and n.endswith(".cu")}
+        assert cu == shipped, f"kernel sources that no shipped family compiles: {sorted(cu - shipped)}"
+        included = "".join(jit.read_source(f) for f in shipped)
+        headers = {n.rsplit("/", 1)[1] for n in names if n.endswith(".cuh")}
+        assert all(f"// ---- begin {h}" in included for h in headers), headers
+        assert not [n for n in names if "probe" in n or "bench_util" in n], "a probe in the wheel"
         meta = z.read(dist_info + "METADATA").decode()
         assert "Provides-Extra: cuda13" in meta and "Provides-Extra: test" in meta
         assert "awq-cupy = awq_cupy.cli:main" in z.read(dist_info + "entry_points.txt").decode()
@@ -102,7 +110,7 @@ from awq_cupy import jit, kernels
 from awq_cupy.jit import read_source
 
 names = sys.argv[1].split(",")
-kdir = jit._kernel_dir()
+kdir = jit.kernel_dir()
 rows = kernels.compile_all(["90"], ["dequant"])
 print(json.dumps(dict(
     package=str(Path(awq_cupy.__file__).resolve()),
@@ -139,6 +147,6 @@ def test_installed_wheel_reads_and_compiles_its_own_sources(wheel, tmp_path):
         want = hashlib.sha256(jit.read_source(name).encode()).hexdigest()
         assert got["sources"][name] == want, f"{name} read from the install differs from the source tree's"
     variants = [v for _, v, _, _ in got["rows"]]
-    assert variants == list(kernels.DEQUANT.variants(jit.ARCHS["90"]))
+    assert variants == list(kernels.DEQUANT.names(jit.ARCHS["90"]))
     assert all(arch == "sm_90" and regs > 0 and spills == 0 for arch, _, regs, spills in got["rows"]), got["rows"]
     assert any((tmp_path / "cache").glob("*/kernel.cubin"))

@@ -123,7 +123,7 @@ def test_group_size_minus_one_equals_k(rng):
 
 
 def test_odd_group_size_344(rng):
-    """Real TP shards produce G = 344 (spec §8 P6); any divisor of K that is a multiple of 8 is accepted."""
+    """Real TP shards produce G = 344 (docs/formats.md §Checkpoint pitfalls); any divisor of K that is a multiple of 8 is accepted."""
     w = rng.standard_normal((8, 688)).astype(np.float16)
     qt = quantize(w, 344)
     _check_logical(qt, 688, 8, 344)

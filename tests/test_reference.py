@@ -45,7 +45,7 @@ def test_dequantize_matches_definition(rng, K, N, G):
     np.testing.assert_array_equal(got32, W32)
     np.testing.assert_array_equal(dequantize(Q, Z, S, G, dtype=np.float64), W64)
     np.testing.assert_array_equal(W32.astype(np.float64), W64)        # (q - z)·s is exact in float32
-    # float16: one rounding of the exact value, bit for bit (what the GPU dequant kernel produces, §2.3)
+    # float16: one rounding of the exact value, bit for bit (what the GPU dequant kernel produces, docs/formats.md §Dequantization)
     got16 = dequantize(Q, Z, S, G, dtype=np.float16)
     assert got16.dtype == np.float16
     np.testing.assert_array_equal(got16.view(np.uint16), W32.astype(np.float16).view(np.uint16))

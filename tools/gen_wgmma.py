@@ -1,6 +1,6 @@
 """Writes kernels_cu/wgmma.cuh: the inline-PTX wrappers of wgmma.mma_async m64nNk16 with A from registers, one per
 (N, element type). Each needs N / 2 accumulator operands spelled out, hence a generator. Run from the repository
-root after editing: python3 tools/gen_wgmma.py (tests/test_compile_all.py checks the header is current)."""
+root after editing: python3 tools/gen_wgmma.py (tests/test_kernels.py checks the header is current)."""
 from pathlib import Path
 
 NS = (8, 16, 32, 64, 128, 256)

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One device call of steps, in order: bash bench/device/run.sh decode same_bits gpu_tests sanitize probes bench_quick
+# Logs under $OUT; a short summary at the end. same_bits needs the tree to compare against in .old/ (carry it).
+cd "$(dirname "$0")/../.." || exit 1   # the repo root: the paths below and .old/ are relative to it
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
+summary=()
+for step in "$@"; do
+  t0=$(date +%s)
+  case $step in
+    decode) python3 -m awq_cupy bench --decode --json "$OUT/decode.json" > "$OUT/decode.log" 2>&1; rc=$?
+            tail -20 "$OUT/decode.log" ;;
+    same_bits) (PYTHONPATH=.old python3 bench/device/same_bits.py "$OUT/same_bits_old.json" &&
+                python3 bench/device/same_bits.py "$OUT/same_bits_new.json" --against "$OUT/same_bits_old.json") \
+                 > "$OUT/same_bits.log" 2>&1; rc=$?; tail -3 "$OUT/same_bits.log" ;;
+    gpu_tests) python3 -m pytest -q -n 8 -m gpu tests ${PYTEST_ARGS:-} > "$OUT/pytest_gpu.log" 2>&1; rc=$?
+               tail -15 "$OUT/pytest_gpu.log" ;;
+    host_tests) python3 -m pytest -q -m gpu tests/test_launch.py > "$OUT/pytest_host.log" 2>&1; rc=$?
+                tail -15 "$OUT/pytest_host.log" ;;
+    sanitize) compute-sanitizer --tool memcheck --error-exitcode 1 python3 bench/device/sanitize_cases.py > "$OUT/memcheck.log" 2>&1; rc=$?
+              tail -3 "$OUT/memcheck.log" ;;
+    probes) rc=0   # each probe briefly (PROBE_TIMEOUT s; a probe cut off after printing rows counts as running)
+            for cmd in "mma_probe.py" "wgmma_probe.py" "wgmma_sts_probe.py second" "stream_probe.py 16" \
+                       "launch_floor.py mistral-7b 1" "cluster_occupancy.py" "gemv_trace.py 1 mistral-7b" \
+                       "gemv_two_per_sm.py" "gemv_wide_probe.py 24 float16 mistral-7b" "gemv_stages.py base:1,3" \
+                       "wb_case.py 4,4 4096 4096 64 4 2" "wb_probe.py 64 4,4"; do
+              log="$OUT/probe_${cmd%%.py*}.log"
+              timeout "${PROBE_TIMEOUT:-40}" python3 bench/probes/$cmd > "$log" 2>&1; prc=$?
+              lines=$(grep -cv '^\s*$' "$log")
+              if [ $prc -ne 0 ] && { [ $prc -ne 124 ] || [ "$lines" -lt 2 ]; }; then rc=1; fi
+              echo "probe $cmd: rc=$prc, $lines lines; $(tail -1 "$log" | cut -c1-100)"
+            done ;;
+    bench_quick) python3 -m awq_cupy bench --quick --no-decode --json "$OUT/bench.json" --plot "$OUT/bench.png" > "$OUT/bench.log" 2>&1; rc=$?
+                 grep -A40 "^sum over" "$OUT/bench.log" | head -20 ;;
+    bench_full) python3 -m awq_cupy bench --json "$OUT/bench_full.json" --plot "$OUT/bench_full.png" > "$OUT/bench_full.log" 2>&1; rc=$?
+                grep -A60 "^sum over" "$OUT/bench_full.log" | head -60 ;;
+    *) echo "unknown step $step"; rc=2 ;;
+  esac
+  summary+=("$step rc=$rc $(( $(date +%s) - t0 ))s")
+done
+printf '%s\n' "${summary[@]}"

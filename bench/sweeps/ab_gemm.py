@@ -1,0 +1,119 @@
+"""A/B timing of the GEMM on a few Mistral-7B cases, timed like `python -m awq_cupy bench`. Usage:
+    [AB_CASES=o:64,gate_up:64:256] python3 bench/sweeps/ab_gemm.py LABEL [PKG_DIR] RUN...
+RUN is "name" or "name:key=value,...": splits, tiles, depth, pend, reduce_cols, ksplit are launch.run_gemm
+arguments (a depth outside the shape table is added to it; pend is the wgmma kernel's PEND template argument, any of
+1..3 here; reduce_cols the split-K reduce kernel's columns per thread, 2, 4 or 8; ksplit=2 two K streams per CTA);
+tile=T makes every M take the token tile T (plans.gemm_token_tile patched); notilex=1 skips the x tile pass (timing
+only: the GEMM reads the tiles an earlier run of the case left, so put it after a normal run). The gemm_wg family is
+narrowed to the variants the runs need, so it compiles in seconds.
+AB_DEFINES=NAME=VALUE,... compiles the gemm_wg family with those macros (probe builds); AB_NOCHECK=1 skips the
+output check (for probes whose values are wrong by design).
+PKG_DIR (a directory holding another awq_cupy/ with its kernels_cu/ inside as a package, so that an editable
+install's finder does not hand it this tree's kernels) is put first on sys.path when given.
+"""
+import dataclasses
+import os
+import sys
+
+args = sys.argv[1:]
+label = args.pop(0)
+if args and not ":" in args[0] and "/" in args[0]:
+    sys.path.insert(0, args.pop(0))
+
+import cupy as cp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import awq_cupy  # noqa: E402
+from awq_cupy import kernels, launch, plans  # noqa: E402
+from awq_cupy.bench import MODELS, Timer, rotated_weights  # noqa: E402
+from awq_cupy.jit import arch_of_device, kernel_dir  # noqa: E402
+
+print(f"# {label}: {awq_cupy.__file__}, kernels from {kernel_dir()}", flush=True)
+runs = []
+for a in args:
+    name, _, kv = a.partition(":")
+    runs.append((name, {k: int(v) for k, v in (p.split("=") for p in kv.split(",") if p)}))
+token_tile = plans.gemm_token_tile
+
+
+real_kernel = kernels.kernel
+
+
+class _NoLaunch:
+    def launch(self, *args, **kwargs):
+        pass
+
+
+def _without_tile_x(family, variant, device_id=None):
+    return _NoLaunch() if variant.startswith("awq_tile_x_kernel") else real_kernel(family, variant, device_id)
+
+
+def use_tile(kw):
+    """Patch plans.gemm_token_tile for a run with tile=T, and kernels.kernel for one with notilex=1 (the x tile pass
+    is not launched: the GEMM reads the tiles the previous run of the same case left, a timing probe of what that
+    kernel costs on the chain); returns the launch kwargs without them."""
+    kw = dict(kw)
+    t = kw.pop("tile", None)
+    plans.gemm_token_tile = token_tile if t is None else (lambda M, wgmma=False: t)
+    kernels.kernel = _without_tile_x if kw.pop("notilex", 0) else real_kernel
+    return kw
+
+
+CASES = {"qkv": (256,), "o": (128,), "gate_up": (64, 256), "down": (128,)}
+if os.environ.get("AB_CASES"):
+    CASES = {}
+    for c in os.environ["AB_CASES"].split(","):
+        name, *ms = c.split(":")
+        CASES[name] = tuple(int(m) for m in ms)
+
+
+# narrow the gemm_wg family to the variants these runs need (a whole-family compile takes ~35 s on the H200 host)
+needed = {kernels.TileXVariant("float16")}
+for _, kw in runs:
+    kw = use_tile(kw)
+    if "depth" in kw:
+        for M in sorted({m for ms in CASES.values() for m in ms}):
+            nb, tw, _ = plans.gemm_shape_for(M, kw.get("tiles"), wgmma=True)
+            if (nb, tw, kw.depth) not in kernels.GEMM_WG_SHAPES:
+                kernels.GEMM_WG_SHAPES += ((nb, tw, kw.depth),)
+for _, kw in runs:
+    kw = use_tile(kw)
+    for M in sorted({m for ms in CASES.values() for m in ms}):
+        nb, tw, depth = plans.gemm_shape_for(M, kw.get("tiles"), wgmma=True, depth=kw.get("depth"))
+        for pend in {kw.get("pend")} | set(kernels.gemm_wg_pends((nb, tw, depth))):
+            needed.add(kernels.WgmmaVariant("float16", nb, tw, depth, True, pend, kw.get("ksplit", 1)))
+            if "ksplit" not in kw and "pend" not in kw and (nb, tw, depth) in kernels.GEMM_WG_KSPLIT_SHAPES:
+                needed.add(kernels.WgmmaVariant("float16", nb, tw, depth, True, None, 2))   # the planner's
+defines = tuple(tuple(d.split("=", 1)) for d in os.environ.get("AB_DEFINES", "").split(",") if d)
+fam = dataclasses.replace(kernels.GEMM_WG, variants=lambda arch: tuple(sorted(needed, key=lambda v: v.expr)),
+                          defines=defines, asserts=None)
+kernels.FAMILIES["gemm_wg"] = fam
+
+arch = arch_of_device(0)
+sms = launch.sm_count(0)
+timer = Timer()
+rng = np.random.default_rng(0)
+for name, K, N in MODELS["mistral-7b"]:
+    if name not in CASES:
+        continue
+    wq = rotated_weights(rng, K, N, 128)
+    nq = len(wq)
+    for M in CASES[name]:
+        x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
+        ref = None
+        line = []
+        for run, kw in runs:
+            kw = use_tile(kw)
+            y = cp.empty((M, N), cp.float16)
+            launch.run_gemm(x, wq[0], launch.NULL, y, M, "float16", arch, sms, False, wgmma=True, **kw)
+            if ref is None:
+                ref = y.astype(cp.float32)
+            elif not os.environ.get("AB_NOCHECK") and not bool(cp.allclose(y.astype(cp.float32), ref, rtol=2e-2,
+                                                                              atol=2e-2)):
+                raise SystemExit(f"{run}: output differs from {runs[0][0]} on {name} M={M}")
+            us = timer(lambda i: launch.run_gemm(x, wq[i % nq], launch.NULL, y, M, "float16", arch, sms, False,
+                                                  wgmma=True, **kw), max(20, nq), 3)
+            line.append(f"{run} {us:7.1f}")
+        print(f"{label:8s} {name:8s} M={M:5d}  " + "  ".join(line), flush=True)
+    del wq
+    cp.get_default_memory_pool().free_all_blocks()
