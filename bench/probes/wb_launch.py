@@ -33,7 +33,8 @@ def launch(k, S: int, CW: int, x, w, y, M: int, splits: int, *, pdl: bool = True
     NT16, KS = Np // 16, w.KS
     per = -(-KS // splits)
     splits = -(-KS // per)
-    ws = launches.workspace(splits * M * Np, w.device) if splits > 1 else launches.NULL
+    ws = (launches.workspace(splits * M * Np, w.device, cp.cuda.get_current_stream().ptr) if splits > 1
+          else launches.NULL)
     k.launch((-(-NT16 // 16), splits), (32 * (CW + 8),),
              (x, w.qtiles, w.scales, w.zeros, launches.NULL, y, ws, as_i32(M), as_i32(w.N), as_i32(w.K), as_i32(NT16),
               as_i32(KS), as_i32(w.group_size), as_i32(w.NG), as_i32(Np), as_i32(per)),
