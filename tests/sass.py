@@ -156,7 +156,7 @@ def wgmma_register_hazards(ins: list) -> list:
     for body in loops(ins):
         if not any(opcode(t) == "HGMMA" for _, t in body):
             continue
-        pending, open_group = [], set()
+        pending, open_group, busy = [], set(), set()
         for lap in range(2):
             for a, t in body:
                 op = opcode(t)
@@ -168,13 +168,13 @@ def wgmma_register_hazards(ins: list) -> list:
                     if "gsb0" in t:
                         pending.append(open_group)
                         open_group = set()
+                    busy = set().union(*pending, open_group)
                 elif op == "WARPGROUP" and "DEPBAR" in t:
                     keep = int(t.rsplit(",", 1)[1].strip(), 0)
                     pending = pending[len(pending) - keep:] if keep else []
-                else:
                     busy = set().union(*pending, open_group)
-                    if lap == 1 and _written(t) & busy:
-                        found.append(f"{a:#06x} {t}")
+                elif lap == 1 and busy and _written(t) & busy:   # (busy: the A registers still in flight)
+                    found.append(f"{a:#06x} {t}")
     return sorted(set(found))
 
 

@@ -7,6 +7,7 @@ objects. With ``AWQ_CUPY_DISABLE_CACHE=1`` it compiles into a fresh folder of th
 is keyed by the full source, options, arch and NVRTC version and checked on read (a corrupt one is recompiled), so
 a warm entry is the same cubin and resource report a fresh compile gives.
 """
+import os
 import re
 
 import pytest
@@ -202,7 +203,7 @@ def test_gemv_compiled_for_model_shapes_does_not_spill(tmp_path, monkeypatch):
         monkeypatch.delenv("AWQ_CUPY_DISABLE_CACHE")
     monkeypatch.setattr(jit, "_compiled", {})
     arch = jit.ARCHS["90"]
-    generic = {}
+    generic, cases = {}, []
     for model in ("mistral-7b", "llama-2-70b"):
         for name, K, N in MODELS[model]:
             Kp, Np = padded_sizes(K, N)
@@ -214,12 +215,18 @@ def test_gemv_compiled_for_model_shapes_does_not_spill(tmp_path, monkeypatch):
                     extra = (("AWQ_GEMV_TRACE", "1"),) if (model, name, M) == ("mistral-7b", "o", 1) else ()
                     fam = kernels.gemv_shape_family(v, plans.gemv_shape_args(w, p), p.warps, extra,
                                                     tokens=plans.gemv_compiled_tokens(M, K, N))
-                    r = jit.compile_family(fam, arch).resources[v.expr]
-                    if v not in generic:
-                        generic[v] = jit.compile_family(kernels.GEMV_TC, arch).resources[v.expr]
-                    what = f"{model} {name} M={M} {dtype} {v}: {r} (generic {generic[v]})"
-                    assert r.spill_stores == 0 and r.spill_loads == 0, what
-                    assert r.registers <= max(generic[v].registers, 65536 // (32 * p.warps)), what
+                    cases.append((f"{model} {name} M={M} {dtype}", fam, v, p))
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:   # NVRTC releases the GIL
+        compiled = list(pool.map(lambda c: jit.compile_family(c[1], arch), cases))
+    for (label, _, v, p), c in zip(cases, compiled):
+        r = c.resources[v.expr]
+        if v not in generic:
+            generic[v] = jit.compile_family(kernels.GEMV_TC, arch).resources[v.expr]
+        what = f"{label} {v.expr}: {r} (generic {generic[v]})"
+        assert r.spill_stores == 0 and r.spill_loads == 0, what
+        assert r.registers <= max(generic[v].registers, 65536 // (32 * p.warps)), what
 
 
 def test_sass_loop_finds_the_tensor_core_loop():
