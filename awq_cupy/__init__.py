@@ -11,7 +11,10 @@ from importlib.metadata import PackageNotFoundError, version as _version
 from . import awq, formats, layout, reference, settings
 from .awq import (AWQResult, calibration_stats, fold_scales_into_linear, fold_scales_into_norm, quantize_awq,
                   search_clip, search_scales)
-from .checkpoint import Checkpoint, CheckpointError, QuantizedLayer, load_checkpoint, save_checkpoint
+from ._array import GPUUnavailableError
+from .checkpoint import (Checkpoint, CheckpointError, CheckpointWarning, PendingLayer, QuantizedLayer, load_checkpoint,
+                         save_checkpoint)
+from .loading import DEFAULT_FUSE_RULES, FuseRule, Part
 from .graphs import CapturedStep, capture
 from .ops import BoundMatmul, bind, dequantize, dequantize_gemm, gemm, matmul
 from .quantize import QuantizedTensors, quantize
@@ -24,6 +27,7 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 
 __all__ = ["QuantizedWeight", "matmul", "bind", "BoundMatmul", "capture", "CapturedStep", "settings", "gemm",
            "dequantize", "dequantize_gemm", "quantize", "QuantizedTensors",
-           "load_checkpoint", "save_checkpoint", "Checkpoint", "QuantizedLayer", "CheckpointError", "formats",
+           "load_checkpoint", "save_checkpoint", "Checkpoint", "QuantizedLayer", "CheckpointError", "CheckpointWarning",
+           "PendingLayer", "FuseRule", "Part", "DEFAULT_FUSE_RULES", "GPUUnavailableError", "formats",
            "layout", "reference", "awq", "quantize_awq", "search_scales", "search_clip", "fold_scales_into_norm",
            "fold_scales_into_linear", "calibration_stats", "AWQResult", "__version__"]

@@ -9,7 +9,8 @@ import sys
 
 import numpy as np
 
-__all__ = ["get_xp", "is_cupy", "to_numpy", "bfloat16_dtype", "is_bfloat16", "gpu_available", "make_reporter"]
+__all__ = ["get_xp", "is_cupy", "to_numpy", "bfloat16_dtype", "is_bfloat16", "gpu_available", "GPUUnavailableError",
+           "no_gpu_message", "require_gpu", "make_reporter"]
 
 
 def is_cupy(a) -> bool:
@@ -50,19 +51,74 @@ def is_bfloat16(dtype) -> bool:
 
 
 _GPU_AVAILABLE = None
+_NO_GPU_REASON = ""
+
+
+class GPUUnavailableError(RuntimeError):
+    """A call that runs on a CUDA GPU was made where none is usable (no CuPy, no driver, no device)."""
+
+
+def _probe_gpu() -> tuple[bool, str]:
+    """(usable, why not). Tells apart the causes a user can act on: no CuPy, no CUDA device or driver, and a
+    driver older than the CUDA runtime CuPy was built for."""
+    try:
+        import cupy
+    except Exception as e:      # ImportError, or a CuPy wheel that does not match this CUDA / Python
+        return False, f"CuPy does not import: {e}; install the CUDA extra, e.g. pip install -e \".[cuda13]\""
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:
+        text = str(e)
+        if "InsufficientDriver" in text:
+            # the CUDA runtime says "driver insufficient" also when there is no driver at all: tell the two apart
+            if not _driver_library_loads():
+                return False, "cupy.cuda.is_available() is False: no NVIDIA driver here (libcuda does not load)"
+            return False, f"cupy.cuda.is_available() is False: the NVIDIA driver is older than CuPy's CUDA ({text})"
+        return False, f"cupy.cuda.is_available() is False ({text})"
+    if n <= 0:
+        return False, "cupy.cuda.is_available() is False: no CUDA device is visible (check CUDA_VISIBLE_DEVICES)"
+    return True, ""
+
+
+def _driver_library_loads() -> bool:
+    import ctypes
+
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            continue
+    return False
 
 
 def gpu_available() -> bool:
     """True when CuPy imports and at least one CUDA device answers. Cached; never raises."""
-    global _GPU_AVAILABLE
+    global _GPU_AVAILABLE, _NO_GPU_REASON
     if _GPU_AVAILABLE is None:
         try:
-            import cupy
-
-            _GPU_AVAILABLE = bool(cupy.cuda.is_available()) and cupy.cuda.runtime.getDeviceCount() > 0
-        except Exception:
-            _GPU_AVAILABLE = False
+            _GPU_AVAILABLE, _NO_GPU_REASON = _probe_gpu()
+        except Exception as e:  # never let the probe itself raise
+            _GPU_AVAILABLE, _NO_GPU_REASON = False, f"the GPU probe failed: {e}"
     return _GPU_AVAILABLE
+
+
+def no_gpu_message(what: str) -> str:
+    """``"<what> needs a CUDA GPU: none is available here (<why>)."``: the one wording every entry point and the
+    ``bench``/``tune`` commands use."""
+    gpu_available()
+    return f"{what} needs a CUDA GPU: none is available here ({_NO_GPU_REASON or 'no CUDA device'})."
+
+
+_CPU_ROUTES = ("On the CPU: awq_cupy.dequantize(layer) of a checkpoint layer or of quantize()'s result gives the "
+               "dense weight as numpy, and awq_cupy.reference.matmul / matmul_packed compute x @ W in numpy.")
+
+
+def require_gpu(what: str) -> None:
+    """Raise ``GPUUnavailableError`` naming ``what`` (and the CPU routes) when no CUDA GPU is usable. Cheap after
+    the first call (the probe is cached)."""
+    if not (_GPU_AVAILABLE if _GPU_AVAILABLE is not None else gpu_available()):
+        raise GPUUnavailableError(f"{no_gpu_message(what)} {_CPU_ROUTES}")
 
 
 def make_reporter(progress, big: bool):

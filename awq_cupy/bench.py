@@ -290,11 +290,11 @@ def plot(rows, path):
 
 
 def main(args) -> int:
-    from ._array import gpu_available
+    from ._array import gpu_available, no_gpu_message
 
     if not gpu_available():
-        print("python -m awq_cupy bench needs a CUDA GPU: none is available here "
-              "(cupy.cuda.is_available() is False). Nothing was measured.", file=sys.stderr)
+        prog = getattr(args, "prog", "python -m awq_cupy")
+        print(no_gpu_message(f"{prog} bench") + " Nothing was measured.", file=sys.stderr)
         return 2
     from . import bench_decode
 

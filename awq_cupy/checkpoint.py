@@ -46,8 +46,8 @@ from .quantize import QuantizedTensors
 from .safetensors_io import SafetensorsError, SafetensorsFile, TensorInfo, dtype_code_of, write_file
 
 __all__ = [
-    "CheckpointError", "FormatMismatchWarning", "QuantConfig", "QuantizedLayer", "LazyTensors", "Checkpoint",
-    "load_checkpoint", "save_checkpoint",
+    "CheckpointError", "CheckpointWarning", "FormatMismatchWarning", "QuantConfig", "QuantizedLayer", "LazyTensors",
+    "Checkpoint", "PendingLayer", "load_checkpoint", "save_checkpoint",
 ]
 
 CONFIG_FILE = "config.json"
@@ -72,7 +72,12 @@ class CheckpointError(ValueError):
     """A checkpoint cannot be read: missing or corrupted files, unsupported config, inconsistent tensors."""
 
 
-class FormatMismatchWarning(UserWarning):
+class CheckpointWarning(UserWarning):
+    """A checkpoint loads, but something in it is probably not what its writer meant (tensors of a quantized
+    layer without their ``qweight``, a quantized config with no quantized layer)."""
+
+
+class FormatMismatchWarning(CheckpointWarning):
     """The ``version`` tag of a checkpoint disagrees with the layout its tensors actually have."""
 
 
@@ -193,6 +198,11 @@ class QuantizedLayer:
         Q, Z, S = formats.unpack(self.tensors, self.format, self.in_features, self.config_group_size)
         return QuantizedTensors(Q, Z, S, self.group_size)
 
+    def dequantize(self, dtype=np.float16):
+        """Dense ``W [K, N]`` on the CPU (numpy): ``(q - z) * s`` in float32, rounded once to ``dtype``. No GPU
+        needed; reads the layer's data. ``awq_cupy.dequantize(layer)`` is the same call."""
+        return self.unpack().dequantize(dtype)
+
     def to_gemm(self) -> dict:
         """``qweight``/``qzeros``/``scales`` in the gemm layout (the stored arrays themselves if already gemm)."""
         if self.format == "gemm":
@@ -251,6 +261,18 @@ class Checkpoint:
     tensors: LazyTensors                        # everything that is not part of a quantized layer
     files: tuple[Path, ...]                     # the safetensors files, in load order
     _handles: tuple[SafetensorsFile, ...] = field(default=(), repr=False)
+    # names in ``tensors`` that look like parts of a quantized layer (qzeros/scaled_zeros/scales) whose module
+    # has no qweight: left as plain tensors, and warned about at load time (CheckpointWarning)
+    orphans: tuple[str, ...] = ()
+
+    def to_gpu(self, *, dtype="float16", device=None, fuse=False, names=None, progress=None,
+               validate: bool = True) -> dict:
+        """Every quantized layer as a ``QuantizedWeight`` on the GPU: ``{module name: weight}`` (biases kept as
+        ``weight.bias``). See ``awq_cupy.loading.to_gpu`` for the options, fusion included."""
+        from .loading import to_gpu
+
+        return to_gpu(self, dtype=dtype, device=device, fuse=fuse, names=names, progress=progress,
+                      validate=validate)
 
     def close(self):
         """Drop the file mappings held by this object (arrays already handed out keep theirs alive)."""
@@ -267,6 +289,15 @@ class Checkpoint:
         fmts = sorted({layer.format for layer in self.layers.values()})
         return (f"Checkpoint({str(self.path)!r}, {len(self.layers)} quantized layers {fmts}, "
                 f"{len(self.tensors)} other tensors, {len(self.files)} file(s))")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the quantized layers' tensors on disk (packed weights, zeros, scales, biases)."""
+        total = 0
+        for layer in self.layers.values():
+            arrays = list(layer.tensors.values()) + ([layer.bias] if layer.bias is not None else [])
+            total += sum(int(a.nbytes) for a in arrays)
+        return total
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -358,8 +389,19 @@ def load_checkpoint(path, *, progress=None, bf16: str = "auto") -> Checkpoint:
             f"have the {'/'.join(found)} layout; using the detected layout", FormatMismatchWarning, stacklevel=2)
 
     others = LazyTensors({n: sf for n, sf in where.items() if n not in consumed})
+    orphans = tuple(n for n in others if n.rsplit(".", 1)[-1] in _ZERO_NAMES + ("scales",))
+    if orphans:
+        shown = ", ".join(repr(n) for n in orphans[:3]) + (" ..." if len(orphans) > 3 else "")
+        warnings.warn(
+            f"{d}: {len(orphans)} tensor(s) look like parts of a quantized layer but their module has no qweight "
+            f"({shown}); they are kept as plain tensors (Checkpoint.orphans lists them)", CheckpointWarning,
+            stacklevel=2)
+    if not layers:
+        warnings.warn(
+            f"{d}: {qc.source} declares AWQ {qc.bits}-bit quantization, but no tensor is a quantized layer's "
+            f"qweight: nothing in this checkpoint is quantized", CheckpointWarning, stacklevel=2)
     return Checkpoint(path=d, config=config, quant_config=qc, layers=layers, tensors=others, files=tuple(files),
-                      _handles=tuple(opened))
+                      _handles=tuple(opened), orphans=orphans)
 
 
 def _describe(parts: Mapping[str, SafetensorsFile], prefix: str) -> str:
@@ -460,6 +502,18 @@ def _parse_size(size) -> int:
     raise ValueError(f"max_shard_size={size!r} must be a positive byte count or a string like '5GB' / '2GiB'")
 
 
+@dataclass(frozen=True, eq=False)
+class PendingLayer:
+    """A layer for ``save_checkpoint`` that is computed only when it is written: ``produce()`` returns its
+    ``QuantizedTensors`` (Q [K, N] with ``group_size``). Converting a dense checkpoint this way holds one layer
+    in host memory at a time instead of the whole model."""
+
+    in_features: int
+    out_features: int
+    group_size: int
+    produce: Callable[[], QuantizedTensors]
+
+
 class _LayerUnit:
     """A layer to write as gemm: shapes known up front, converted when its first tensor is written."""
 
@@ -468,6 +522,8 @@ class _LayerUnit:
         if isinstance(layer, QuantizedTensors):
             K, N = (int(d) for d in layer.Q.shape)
             G, self.fmt = int(layer.group_size), None
+        elif isinstance(layer, PendingLayer):
+            K, N, G, self.fmt = layer.in_features, layer.out_features, layer.group_size, None
         elif isinstance(layer, QuantizedLayer):
             K, N, G, self.fmt = layer.in_features, layer.out_features, layer.group_size, layer.format
             if layer.bias is not None:
@@ -486,8 +542,8 @@ class _LayerUnit:
             self.parts = parts
             G = int(formats.resolve_group_size(group_size, int(K)))
         else:
-            raise TypeError(f"layer {name!r}: expected QuantizedTensors, QuantizedLayer or a dict of packed "
-                            f"tensors, got {type(layer).__name__}")
+            raise TypeError(f"layer {name!r}: expected QuantizedTensors, QuantizedLayer, PendingLayer or a dict of "
+                            f"packed tensors, got {type(layer).__name__}")
         K, N = int(K), int(N)
         G_cfg = int(formats.resolve_group_size(group_size, K))
         if G != G_cfg:
@@ -521,8 +577,11 @@ class _LayerUnit:
         return out
 
     def _convert(self) -> dict:
-        if isinstance(self.layer, QuantizedTensors):
-            qt = self.layer
+        if isinstance(self.layer, (QuantizedTensors, PendingLayer)):
+            qt = self.layer if isinstance(self.layer, QuantizedTensors) else self.layer.produce()
+            if not isinstance(qt, QuantizedTensors) or tuple(qt.Q.shape) != (self.K, self.N) or qt.group_size != self.G:
+                raise ValueError(f"layer {self.name!r}: its PendingLayer produced {type(qt).__name__} that is not "
+                                 f"QuantizedTensors with Q [{self.K}, {self.N}] and group_size {self.G}")
             t = formats.pack(to_numpy(qt.Q), to_numpy(qt.Z), to_numpy(qt.S), "gemm", self.G)
         else:
             src = self.layer.tensors if isinstance(self.layer, QuantizedLayer) else self.parts
@@ -581,8 +640,9 @@ def save_checkpoint(path, layers: Mapping[str, Any], other_tensors: Mapping[str,
     """Write an AutoAWQ-compatible **gemm** checkpoint into directory ``path``; returns that directory.
 
     ``layers``: module name -> ``QuantizedTensors`` (from ``quantize``), ``QuantizedLayer`` (from
-    ``load_checkpoint``, any format) or a dict of packed tensors in any format (``qweight``, ``qzeros`` or
-    ``scaled_zeros``, ``scales``, optional ``bias``; the format is detected). Every layer must use ``group_size``
+    ``load_checkpoint``, any format), ``PendingLayer`` (computed when written) or a dict of packed tensors in
+    any format (``qweight``, ``qzeros`` or ``scaled_zeros``, ``scales``, optional ``bias``; the format is
+    detected). Every layer must use ``group_size``
     (the config value; -1 = one group). A layer's bias may also come as ``other_tensors["<name>.bias"]``.
     ``other_tensors``: passed through unchanged (numpy/cupy arrays or a ``Checkpoint.tensors`` mapping, whose
     BF16 tensors keep their dtype even as uint16 bit patterns).

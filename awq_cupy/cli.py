@@ -1,18 +1,17 @@
-"""Command line: ``python -m awq_cupy {compile,bench,tune}``."""
+"""Command line: ``awq-cupy`` / ``python -m awq_cupy`` {inspect,convert,compile,bench,tune}."""
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def _cmd_compile(args) -> int:
     from .jit import CompileError
     from .kernels import compile_all
 
-    archs = [a.strip() for a in args.arch.split(",") if a.strip()]
-    fams = [f.strip() for f in args.family.split(",")] if args.family else None
     try:
-        rows = compile_all(archs, fams, log=lambda m: print(m, file=sys.stderr))
+        rows = compile_all(args.arch, args.family, log=lambda m: print(m, file=sys.stderr))
     except CompileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -49,6 +48,62 @@ def _cmd_tune(args) -> int:
     return tune_main(args)
 
 
+def _cmd_inspect(args) -> int:
+    from .inspection import main as inspect_main
+
+    return inspect_main(args.path, as_json=args.json, scan=not args.no_scan)
+
+
+def _cmd_convert(args) -> int:
+    from .convert import main as convert_main
+
+    return convert_main(args.src, args.dst, group_size=args.group_size, zero_point=not args.no_zero_point,
+                        skip=tuple(args.skip), max_shard_size=args.max_shard_size, overwrite=args.overwrite,
+                        progress=True if args.progress else None)
+
+
+def _arch_list(text: str) -> list[str]:
+    """``--arch`` values: keys of jit.ARCHS (``sm_`` prefix optional); ``90`` means the whole Hopper build, sm_90
+    and sm_90a (the wgmma GEMM runs only as sm_90a), which is what an H100/H200 runs."""
+    from .jit import ARCHS
+
+    out = []
+    for item in text.split(","):
+        a = item.strip().lower()
+        a = a[3:] if a.startswith("sm_") else a
+        if not a:
+            continue
+        if a not in ARCHS:
+            raise argparse.ArgumentTypeError(f"unknown arch {item.strip()!r}; supported: {', '.join(ARCHS)}")
+        for key in (("90", "90a") if a == "90" else (a,)):
+            if key not in out:
+                out.append(key)
+    if not out:
+        raise argparse.ArgumentTypeError(f"no arch given in {text!r}; supported: {', '.join(ARCHS)}")
+    return out
+
+
+def _family_list(text: str) -> list[str]:
+    from .kernels import FAMILIES
+
+    fams = [f.strip() for f in text.split(",") if f.strip()]
+    unknown = [f for f in fams if f not in FAMILIES]
+    if unknown or not fams:
+        raise argparse.ArgumentTypeError(f"unknown kernel family {(unknown or [text])[0]!r}; supported: "
+                                         f"{', '.join(FAMILIES)}")
+    return fams
+
+
+def _group_size(text: str) -> int:
+    try:
+        g = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"group size must be an integer, got {text!r}") from None
+    if g != -1 and g <= 0:
+        raise argparse.ArgumentTypeError(f"group size must be positive or -1 (one group per row), got {g}")
+    return g
+
+
 def _int_list(text: str) -> list[int]:
     try:
         vals = [int(v) for v in text.split(",") if v.strip()]
@@ -72,29 +127,97 @@ def _shape_list(text: str) -> list[tuple[int, int]]:
     return out
 
 
-def main(argv=None) -> int:
-    from .jit import ARCHS
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
 
-    p = argparse.ArgumentParser(prog="python -m awq_cupy", description="awq_cupy command line")
-    sub = p.add_subparsers(dest="cmd", required=True)
+
+def _prog() -> str:
+    """How the user called us: ``awq-cupy`` for the console script, ``python -m awq_cupy`` for the module."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return "python -m awq_cupy" if name in ("", "-c", "__main__.py", "-m") else name
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    from . import __version__
+    from .jit import ARCHS
+    from .kernels import FAMILIES
+
+    prog = prog or _prog()
+    p = argparse.ArgumentParser(
+        prog=prog, description="awq_cupy: AWQ 4-bit matmuls on CuPy. Checkpoint tools (inspect, convert) and "
+        "the kernel compile check run without a GPU; bench and tune need one.")
+    p.add_argument("--version", action="version", version=f"awq_cupy {__version__}")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+
+    i = sub.add_parser("inspect", help="list a checkpoint's layers and tensors and scan its scales and zeros",
+                       description="Layers (format, K, N, group size, bytes, bias), other tensors, and a scan of "
+                       "scales/zeros/biases for NaN, Inf, zero or negative scales and out-of-range zeros. Exit "
+                       "status: 0 no problems, 1 problems found, 2 unreadable checkpoint.")
+    i.add_argument("path", help="checkpoint directory (or one .safetensors file beside its config.json)")
+    i.add_argument("--json", action="store_true", help="print the report as JSON (for scripts)")
+    i.add_argument("--no-scan", action="store_true", help="only read the headers: skip the scan of scales and zeros")
+    i.set_defaults(func=_cmd_inspect)
+
+    v = sub.add_parser("convert", help="write a checkpoint as an AutoAWQ gemm one: from any AWQ format, or "
+                                       "quantize a dense fp16/bf16 one by round-to-nearest",
+                       description="IN is an AWQ checkpoint (gemm, gemv, gemv_fast or marlin: rewritten "
+                       "losslessly as gemm) or a dense safetensors model (its linear layers quantized by "
+                       "round-to-nearest; embeddings, norms and lm_head kept). Config and tokenizer files are "
+                       "carried over.")
+    v.add_argument("src", metavar="IN", help="source checkpoint directory")
+    v.add_argument("dst", metavar="OUT", help="output directory")
+    v.add_argument("--group-size", type=_group_size, default=None,
+                   help="group size for a dense input (default 128; -1 = one group per row); for an AWQ input it "
+                        "must equal the checkpoint's")
+    v.add_argument("--no-zero-point", action="store_true",
+                   help="symmetric quantization (zero point 8) for a dense input")
+    v.add_argument("--skip", action="append", default=[], metavar="PATTERN",
+                   help="keep modules whose name contains PATTERN dense (repeatable; written as "
+                        "modules_to_not_convert)")
+    v.add_argument("--max-shard-size", default=None, metavar="SIZE",
+                   help="shard the output above SIZE, e.g. 5GB or 2GiB (default: one file)")
+    v.add_argument("--overwrite", action="store_true", help="replace a checkpoint already in OUT")
+    v.add_argument("--progress", action="store_true",
+                   help="always print progress (default: only on a terminal, for large models)")
+    v.set_defaults(func=_cmd_convert)
+
     c = sub.add_parser("compile", help="compile every kernel variant (no GPU needed) and report "
-                                       "registers/spills/shared memory")
-    c.add_argument("--arch", default=",".join(ARCHS),
-                   help=f"comma-separated archs (default: all of {','.join(ARCHS)})")
-    c.add_argument("--family", default=None, help="comma-separated kernel families (default: all)")
+                                       "registers/spills/shared memory",
+                       description="Compile the kernels with NVRTC into the cache and print each variant's "
+                       "registers, spills, stack and static shared memory. Exit status 1 when a hot kernel "
+                       "spills or exceeds shared memory.")
+    c.add_argument("--arch", type=_arch_list, default=list(ARCHS), metavar="ARCHS",
+                   help=f"comma-separated targets out of {', '.join(ARCHS)} (sm_ prefix optional; default: all). "
+                        "90 means sm_90 and sm_90a, the two an H100/H200 runs (sm_90a holds the wgmma GEMM); "
+                        "90a alone is only the wgmma build")
+    c.add_argument("--family", type=_family_list, default=None, metavar="FAMILIES",
+                   help=f"comma-separated kernel families out of {', '.join(FAMILIES)} (default: all)")
     c.set_defaults(func=_cmd_compile)
     from .bench import CONTENDERS, MODELS, PATHS
 
-    b = sub.add_parser("bench", help="benchmark against cuBLAS fp16 on the GPU (the project's main job)")
+    b = sub.add_parser("bench", help="benchmark against cuBLAS fp16 on the GPU (the project's main job)",
+                       description="Per-layer kernel times and the decode step against cuBLAS fp16, in one run "
+                       "(docs/benchmarking.md). Needs a CUDA GPU.")
     b.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["mistral-7b", "llama-2-70b"],
                    help="model layer sets (default: both)")
-    b.add_argument("--shapes", type=_shape_list, default=None, help="custom layers instead, e.g. 4096x6144,14336x4096")
+    b.add_argument("--shapes", type=_shape_list, default=None,
+                   help="custom layers instead, KxN comma-separated, e.g. 4096x6144,14336x4096")
     b.add_argument("--m", type=_int_list, default=None, help="comma-separated M values (default 1..4096)")
-    b.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
+    b.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16",
+                   help="activation dtype (default: %(default)s)")
     b.add_argument("--bf16", dest="dtype", action="store_const", const="bfloat16", help="same as --dtype bfloat16")
-    b.add_argument("--group-size", type=int, default=128)
-    b.add_argument("--trials", type=int, default=5)
-    b.add_argument("--rotate-mb", type=int, default=512, help="MB of weight copies rotated per contender")
+    b.add_argument("--group-size", type=_group_size, default=128, help="quantization group size (default: 128)")
+    b.add_argument("--trials", type=_positive, default=5, help="timed trials per cell; the median is reported "
+                                                             "(default: %(default)s)")
+    b.add_argument("--rotate-mb", type=_positive, default=512,
+                   help="MB of weight copies rotated per contender, so each call reads cold weights "
+                        "(default: %(default)s)")
     b.add_argument("--contenders", nargs="+", choices=CONTENDERS + PATHS, default=list(CONTENDERS),
                    help="what to time (default: %(default)s); gemv1..gemv4, gemv2x2 (pairs of two 64-k blocks), gemm "
                         "force one awq_cupy path")
@@ -103,20 +226,42 @@ def main(argv=None) -> int:
     b.add_argument("--no-decode", dest="no_decode", action="store_true",
                    help="only the per-layer kernel sweep (the default run does both)")
     b.add_argument("--quick", action="store_true", help="Mistral-7B, M in 1,16,64,256,1024, 3 trials (~1 minute)")
-    b.add_argument("--json", default="bench_results.json", help="where to write the JSON results")
-    b.add_argument("--plot", default="bench_results.png", help="where to write the PNG plot (needs matplotlib)")
-    b.set_defaults(func=lambda a: _cmd_bench(a))
+    b.add_argument("--json", default="bench_results.json", help="where to write the JSON results "
+                                                                "(default: %(default)s)")
+    b.add_argument("--plot", default="bench_results.png", help="where to write the PNG plot, if matplotlib is "
+                                                               "installed (default: %(default)s)")
+    b.set_defaults(func=_cmd_bench)
+    from .dispatch import table_path
+
+    default_table = table_path()
     t = sub.add_parser("tune", help="measure which kernel is fastest at each M on this GPU and write the "
-                                    "dispatch table matmul uses")
+                                    "dispatch table matmul uses",
+                       description="Needs a CUDA GPU. The table is read by every later process (and by this one "
+                       "after awq_cupy.settings.reload()).")
     t.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["mistral-7b"],
                    help="model layer sets to sum over (default: mistral-7b)")
     t.add_argument("--shapes", type=_shape_list, default=None, help="custom layers instead, e.g. 4096x6144")
     t.add_argument("--m", type=_int_list, default=None, help="comma-separated M values (default 1..2048)")
-    t.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16")
-    t.add_argument("--group-size", type=int, default=128)
-    t.add_argument("--trials", type=int, default=3)
-    t.add_argument("--rotate-mb", type=int, default=512, help="MB of weight copies rotated per contender")
-    t.add_argument("--out", default=None, help="where to write the table (default: awq_cupy.dispatch.table_path())")
-    t.set_defaults(func=lambda a: _cmd_tune(a))
+    t.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16",
+                   help="activation dtype (default: %(default)s)")
+    t.add_argument("--group-size", type=_group_size, default=128, help="quantization group size (default: 128)")
+    t.add_argument("--trials", type=_positive, default=3, help="timed trials per cell (default: %(default)s)")
+    t.add_argument("--rotate-mb", type=_positive, default=512,
+                   help="MB of weight copies rotated per contender (default: %(default)s)")
+    t.add_argument("--out", default=None,
+                   help=f"where to write the table (default: {default_table}, from AWQ_CUPY_DISPATCH or the "
+                        "compile cache folder)" if default_table is not None else
+                   "where to write the table (required: AWQ_CUPY_DISPATCH=builtin disables the default)")
+    t.set_defaults(func=_cmd_tune)
+    return p
+
+
+def main(argv=None) -> int:
+    prog = _prog()
+    p = build_parser(prog)
     args = p.parse_args(argv)
+    if args.cmd is None:
+        p.print_help()
+        return 0
+    args.prog = prog
     return args.func(args)

@@ -9,6 +9,8 @@ private memory pool and private workspaces that live as long as the returned ``C
 """
 from __future__ import annotations
 
+from ._array import require_gpu
+
 __all__ = ["CapturedStep", "capture"]
 
 
@@ -56,6 +58,7 @@ def capture(step, *args, warmup: int = 1, **kwargs) -> CapturedStep:
     and return the ``CapturedStep`` that replays it (see its lifetime rules). The step must do only GPU work that
     CUDA graphs can capture: awq_cupy calls and CuPy kernels on preallocated or freshly allocated arrays, no
     device-to-host copies and no cuBLAS (``cupy.matmul``)."""
+    require_gpu("awq_cupy.capture")
     import cupy
 
     from . import launch

@@ -16,7 +16,7 @@ import threading
 import numpy as np
 
 from . import launch
-from ._array import is_cupy
+from ._array import is_cupy, require_gpu
 from .dtypes import BF16_NOTE, activation_dtype, dtype_name, numpy_dtype  # noqa: F401  (re-exported)
 from .jit import as_i32
 from .weight import QuantizedWeight
@@ -79,6 +79,7 @@ def dequantize_gemm(qweight, qzeros, scales, group_size, *, dtype="float16", out
     installed, else uint16 bit patterns). ``out``, if given, must be a C-contiguous [K, N] array of that dtype.
     Runs on the current stream, without synchronising. Bit-exact with ``reference.dequantize(..., float16)``.
     """
+    require_gpu("awq_cupy.dequantize_gemm")
     import cupy
 
     from .kernels import DequantVariant, kernel
@@ -117,6 +118,7 @@ _cache_lock = threading.Lock()
 
 def _runtime():
     global _rt
+    require_gpu("awq_cupy.matmul")
     import cupy
     from cupy.cuda import device
 
@@ -364,15 +366,18 @@ class BoundMatmul:
 
 
 def dequantize(w, dtype=None, *, out=None):
-    """Dense ``W [K, N]`` of a ``QuantizedWeight``: exactly the values its matmul multiplies
-    (``(q - z) * s`` in the weight's dtype, one rounding). ``dtype`` defaults to (and must equal) ``w.dtype``;
-    for the other dtype use ``w.astype(...)`` first."""
+    """Dense ``W [K, N]``: exactly the values a matmul multiplies, ``(q - z) * s`` rounded once.
+
+    ``w`` a ``QuantizedWeight``: on its GPU, in the weight's dtype (``dtype`` defaults to it; another dtype goes
+    through ``w.astype``), ``out`` an optional C-contiguous CuPy array. ``w`` a checkpoint ``QuantizedLayer`` (any
+    format) or ``quantize()``'s ``QuantizedTensors``: on the CPU, a numpy array of ``dtype`` (default float16;
+    float32 gives the unrounded values), no GPU needed; ``out`` is not accepted there."""
+    if not isinstance(w, QuantizedWeight):
+        return _dequantize_host(w, dtype, out)
     import cupy
 
     from .kernels import DequantTilesVariant, kernel
 
-    if not isinstance(w, QuantizedWeight):
-        raise TypeError(f"w must be an awq_cupy.QuantizedWeight, got {type(w).__name__}")
     kind = w.dtype if dtype is None else dtype_name(dtype)
     if kind != w.dtype:
         w = w.astype(kind)
@@ -391,9 +396,24 @@ def dequantize(w, dtype=None, *, out=None):
     return out
 
 
+def _dequantize_host(w, dtype, out):
+    from .checkpoint import QuantizedLayer
+    from .quantize import QuantizedTensors
+
+    if isinstance(w, QuantizedLayer):
+        w = w.unpack()
+    if not isinstance(w, QuantizedTensors):
+        raise TypeError(f"w must be an awq_cupy.QuantizedWeight (GPU), a checkpoint QuantizedLayer or "
+                        f"QuantizedTensors (CPU), got {type(w).__name__}")
+    if out is not None:
+        raise TypeError("out= is for a QuantizedWeight on the GPU; the CPU route returns a new numpy array")
+    return w.dequantize(np.float16 if dtype is None else dtype)
+
+
 def gemm(x, qweight, qzeros, scales, group_size, bias=None, *, out=None):
     """``matmul`` on raw AutoAWQ ``gemm`` tensors (CuPy arrays). It repacks the weight on every call (a
     load-time cost); for repeated calls build ``QuantizedWeight.from_gemm`` once and use ``matmul``."""
+    require_gpu("awq_cupy.gemm")
     require_cupy(x, "x")
     kind = "bfloat16" if x.dtype == np.uint16 else activation_dtype(x, "x")
     K, N, G, _ = _check_packed_gemm(qweight, qzeros, scales, group_size)

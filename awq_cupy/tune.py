@@ -174,11 +174,11 @@ def gemv_slot_from_rows(rows, sm_count: int) -> dict[int, dict[int, float]]:
 
 
 def main(args) -> int:
-    from ._array import gpu_available
+    from ._array import gpu_available, no_gpu_message
 
     if not gpu_available():
-        print("python -m awq_cupy tune needs a CUDA GPU: none is available here "
-              "(cupy.cuda.is_available() is False). Nothing was measured.", file=sys.stderr)
+        prog = getattr(args, "prog", "python -m awq_cupy")
+        print(no_gpu_message(f"{prog} tune") + " Nothing was measured.", file=sys.stderr)
         return 2
     import cupy
 

@@ -13,7 +13,7 @@ import weakref
 import numpy as np
 
 from . import layout, settings
-from ._array import bfloat16_dtype, is_cupy
+from ._array import bfloat16_dtype, is_cupy, require_gpu
 from .dtypes import dtype_name as _dtype_name
 from .dtypes import numpy_dtype
 from .jit import as_i32
@@ -40,7 +40,8 @@ class QuantizedWeight:
     Attributes: ``K`` (in_features), ``N`` (out_features), ``group_size`` (resolved: G = K for -1),
     ``dtype`` ('float16' or 'bfloat16': the activation dtype it serves), ``nbytes`` (device bytes held),
     ``device`` (CUDA device id), ``bias`` (the checkpoint's bias if it had one, else None; ``matmul`` adds a bias
-    only when passed one explicitly).
+    only when passed one explicitly), ``parts`` (for a fused weight from ``Checkpoint.to_gpu(fuse=...)``: each
+    source layer's name and output columns; ``split(y)`` cuts an output into them; empty otherwise).
 
     Construct with ``from_checkpoint``, ``from_gemm`` or ``from_dense``; ``astype`` gives the other dtype's view
     (it shares the weight tiles and converts only scales/zeros).
@@ -55,6 +56,8 @@ class QuantizedWeight:
         self.bias = bias
         self._scales_fp16 = _scales_fp16   # original fp16 scales [NG, N] (kept for astype), or None
         self.device = qtiles.device.id
+        # a fused weight's source layers and their output columns (loading.Part), set by Checkpoint.to_gpu
+        self.parts: tuple = ()
         # matmul's prepared calls, by call shape (ops.matmul): they hold this weight's device pointers, so the
         # arrays above are not to be replaced after construction
         self._calls: dict = {}
@@ -100,10 +103,19 @@ class QuantizedWeight:
         return (f"QuantizedWeight(K={self.K}, N={self.N}, group_size={self.group_size}, dtype={self.dtype}, "
                 f"nbytes={self.nbytes}, device={self.device})")
 
+    def split(self, y) -> dict:
+        """A fused weight's output ``y [..., N]`` as ``{part name: y[..., start:stop]}`` (views, no copy)."""
+        if not self.parts:
+            raise ValueError("split() is for fused weights (Checkpoint.to_gpu(fuse=...)); this one has no parts")
+        if getattr(y, "ndim", 0) < 1 or y.shape[-1] != self.N:
+            raise ValueError(f"y has shape {getattr(y, 'shape', None)}; its last dimension must be N={self.N}")
+        return {p.name: y[..., p.start:p.stop] for p in self.parts}
+
     # ---- constructors -------------------------------------------------------------------------------------
     @classmethod
     def from_gemm(cls, qweight, qzeros, scales, group_size, *, dtype="float16", bias=None, device=None):
         """From AutoAWQ gemm tensors (numpy or cupy; numpy is uploaded to ``device`` or the current device)."""
+        require_gpu("QuantizedWeight.from_gemm")
         import cupy
 
         from .formats import resolve_group_size
@@ -162,6 +174,7 @@ class QuantizedWeight:
         """From one layer's packed tensors (a dict of numpy/cupy arrays in any of the four AWQ formats) or from
         a ``checkpoint.QuantizedLayer`` (then ``fmt`` and ``group_size`` come from it). ``fmt=None`` detects
         the format from the tensors; ``group_size`` is required for dicts (-1 means one group of K)."""
+        require_gpu("QuantizedWeight.from_checkpoint")
         import cupy
 
         from . import formats
@@ -198,6 +211,7 @@ class QuantizedWeight:
         from .formats import pack
         from .quantize import quantize
 
+        require_gpu("QuantizedWeight.from_dense")
         q = quantize(weight, group_size=group_size, zero_point=zero_point)
         packed = pack(q.Q, q.Z, q.S, "gemm", q.group_size)
         return cls.from_gemm(packed["qweight"], packed["qzeros"], packed["scales"], q.group_size, dtype=dtype,
@@ -215,6 +229,7 @@ class QuantizedWeight:
             w = QuantizedWeight._finish(self.qtiles, S16, Z, self.K, self.N, self.group_size, kind, None)
             if self.bias is not None:
                 w.bias = _cast_vector(self.bias, kind)
+        w.parts = self.parts
         return w
 
 

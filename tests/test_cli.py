@@ -58,7 +58,7 @@ def test_compile_two_archs_and_families(tmp_path):
     assert got == want
 
 
-@pytest.mark.parametrize("arch", ["61", "100", "sm_90"])
+@pytest.mark.parametrize("arch", ["61", "100", "sm_61"])
 def test_compile_unknown_arch_exits_2(tmp_path, arch):
     r = run_cli("compile", "--arch", arch, cache=tmp_path / "cache")
     assert r.returncode == 2, r.stdout + r.stderr
@@ -84,9 +84,80 @@ def test_help(tmp_path):
     assert not (tmp_path / "cache").exists(), "--help must not compile"
 
 
-def test_no_command_is_a_usage_error(tmp_path):
+def test_no_command_prints_the_help(tmp_path):
     r = run_cli(cache=tmp_path / "cache")
-    assert r.returncode == 2 and "usage:" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 0 and r.stdout.startswith("usage: python -m awq_cupy"), r.stdout + r.stderr
+    for cmd in ("inspect", "convert", "compile", "bench", "tune"):
+        assert f"    {cmd} " in r.stdout, cmd
+    assert r.stderr == ""
+
+
+def test_version(tmp_path):
+    import awq_cupy
+
+    r = run_cli("--version", cache=tmp_path / "cache")
+    assert r.returncode == 0 and r.stdout.strip() == f"awq_cupy {awq_cupy.__version__}"
+
+
+def test_program_name_follows_how_it_was_called(tmp_path):
+    """The console script is ``awq-cupy``; its usage and errors must say so (and the module form its own)."""
+    script = Path(sys.executable).parent / "awq-cupy"
+    if script.exists():                     # installed by pip install -e . (CI, dev venvs)
+        r = subprocess.run([str(script), "compile", "--arch", "61"], capture_output=True, text=True, timeout=60)
+    else:
+        code = "import sys; sys.argv[0] = '/usr/bin/awq-cupy'; from awq_cupy.cli import main; raise SystemExit(main())"
+        r = subprocess.run([sys.executable, "-c", code, "compile", "--arch", "61"], capture_output=True, text=True,
+                           timeout=60)
+    assert r.returncode == 2 and r.stderr.startswith("usage: awq-cupy compile"), r.stderr
+
+
+def test_arch_90_means_the_whole_hopper_build(monkeypatch):
+    assert _parsed(monkeypatch, "_cmd_compile", ["compile", "--arch", "90"])["arch"] == ["90", "90a"]
+    assert _parsed(monkeypatch, "_cmd_compile", ["compile", "--arch", "90a"])["arch"] == ["90a"]
+    assert _parsed(monkeypatch, "_cmd_compile", ["compile", "--arch", "sm_86, 90a,90"])["arch"] == ["86", "90a", "90"]
+    from awq_cupy import jit
+
+    assert _parsed(monkeypatch, "_cmd_compile", ["compile"])["arch"] == list(jit.ARCHS)
+
+
+@pytest.mark.parametrize("arch", ["", ",", " "])
+def test_compile_empty_arch_is_rejected(tmp_path, arch):
+    r = run_cli("compile", "--arch", arch, cache=tmp_path / "cache")
+    assert r.returncode == 2 and "no arch given" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert r.stdout == "" and not (tmp_path / "cache").exists()
+
+
+def test_every_option_has_help_and_the_help_names_the_families():
+    import argparse
+
+    from awq_cupy import cli
+
+    parser = cli.build_parser("awq-cupy")
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(subs.choices) == {"inspect", "convert", "compile", "bench", "tune"}
+    for name, sp in subs.choices.items():
+        for action in sp._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            assert action.help and action.help.strip(), f"{name} {action.option_strings or action.dest} has no help"
+    text = subs.choices["compile"].format_help()
+    for fam in kernels.FAMILIES:
+        assert fam in text, fam
+    assert "90a" in text and "sm_90 and sm_90a" in " ".join(text.split())
+
+
+def test_tune_help_shows_the_real_default_table_path(tmp_path):
+    r = run_cli("tune", "--help", cache=tmp_path / "cache")
+    env_dispatch = os.environ.get("AWQ_CUPY_DISPATCH")
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    if env_dispatch == "builtin":           # conftest sets it; the subprocess inherits it
+        assert "AWQ_CUPY_DISPATCH=builtin disables the default" in text
+    env = dict(os.environ, AWQ_CUPY_CACHE_DIR=str(tmp_path / "c2"))
+    env.pop("AWQ_CUPY_DISPATCH", None)
+    r = subprocess.run([sys.executable, "-m", "awq_cupy", "tune", "--help"], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and str(tmp_path / "c2" / "dispatch.json") in "".join(r.stdout.split()), r.stdout
 
 
 def test_compile_unknown_family_exits_2(tmp_path):
