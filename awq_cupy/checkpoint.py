@@ -46,7 +46,8 @@ from .quantize import QuantizedTensors
 from .safetensors_io import SafetensorsError, SafetensorsFile, TensorInfo, dtype_code_of, write_file
 
 __all__ = [
-    "CheckpointError", "CheckpointWarning", "FormatMismatchWarning", "QuantConfig", "QuantizedLayer", "LazyTensors",
+    "CheckpointError", "CheckpointWarning", "FormatMismatchWarning", "OrphanTensorsWarning",
+    "NoQuantizedLayersWarning", "QuantConfig", "QuantizedLayer", "LazyTensors",
     "Checkpoint", "PendingLayer", "load_checkpoint", "save_checkpoint",
 ]
 
@@ -79,6 +80,15 @@ class CheckpointWarning(UserWarning):
 
 class FormatMismatchWarning(CheckpointWarning):
     """The ``version`` tag of a checkpoint disagrees with the layout its tensors actually have."""
+
+
+class OrphanTensorsWarning(CheckpointWarning):
+    """Tensors named like parts of a quantized layer (``qzeros``, ``scaled_zeros``, 2-D ``scales``) whose module
+    has no ``qweight``: a missing shard or a renamed tensor. ``Checkpoint.orphans`` lists them."""
+
+
+class NoQuantizedLayersWarning(CheckpointWarning):
+    """The config declares AWQ quantization, but no tensor is a quantized layer's ``qweight``."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -261,8 +271,8 @@ class Checkpoint:
     tensors: LazyTensors                        # everything that is not part of a quantized layer
     files: tuple[Path, ...]                     # the safetensors files, in load order
     _handles: tuple[SafetensorsFile, ...] = field(default=(), repr=False)
-    # names in ``tensors`` that look like parts of a quantized layer (qzeros/scaled_zeros/scales) whose module
-    # has no qweight: left as plain tensors, and warned about at load time (CheckpointWarning)
+    # names in ``tensors`` that look like parts of a quantized layer (qzeros/scaled_zeros/2-D scales) whose
+    # module has no qweight: left as plain tensors, and warned about at load time (OrphanTensorsWarning)
     orphans: tuple[str, ...] = ()
 
     def to_gpu(self, *, dtype="float16", device=None, fuse=False, names=None, progress=None,
@@ -389,17 +399,20 @@ def load_checkpoint(path, *, progress=None, bf16: str = "auto") -> Checkpoint:
             f"have the {'/'.join(found)} layout; using the detected layout", FormatMismatchWarning, stacklevel=2)
 
     others = LazyTensors({n: sf for n, sf in where.items() if n not in consumed})
-    orphans = tuple(n for n in others if n.rsplit(".", 1)[-1] in _ZERO_NAMES + ("scales",))
+    # AutoAWQ's scaled activations (bloom, falcon, mpt) store a 1-D ``<act>.scales`` on purpose
+    # (docs/formats.md §Checkpoint pitfalls): only 2-D scales are a layer's remains.
+    orphans = tuple(n for n in others if n.rsplit(".", 1)[-1] in _ZERO_NAMES
+                    or (n.rsplit(".", 1)[-1] == "scales" and len(others.info(n).shape) == 2))
     if orphans:
         shown = ", ".join(repr(n) for n in orphans[:3]) + (" ..." if len(orphans) > 3 else "")
         warnings.warn(
             f"{d}: {len(orphans)} tensor(s) look like parts of a quantized layer but their module has no qweight "
-            f"({shown}); they are kept as plain tensors (Checkpoint.orphans lists them)", CheckpointWarning,
+            f"({shown}); they are kept as plain tensors (Checkpoint.orphans lists them)", OrphanTensorsWarning,
             stacklevel=2)
     if not layers:
         warnings.warn(
             f"{d}: {qc.source} declares AWQ {qc.bits}-bit quantization, but no tensor is a quantized layer's "
-            f"qweight: nothing in this checkpoint is quantized", CheckpointWarning, stacklevel=2)
+            f"qweight: nothing in this checkpoint is quantized", NoQuantizedLayersWarning, stacklevel=2)
     return Checkpoint(path=d, config=config, quant_config=qc, layers=layers, tensors=others, files=tuple(files),
                       _handles=tuple(opened), orphans=orphans)
 

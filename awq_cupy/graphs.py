@@ -58,7 +58,6 @@ def capture(step, *args, warmup: int = 1, **kwargs) -> CapturedStep:
     and return the ``CapturedStep`` that replays it (see its lifetime rules). The step must do only GPU work that
     CUDA graphs can capture: awq_cupy calls and CuPy kernels on preallocated or freshly allocated arrays, no
     device-to-host copies and no cuBLAS (``cupy.matmul``)."""
-    require_gpu("awq_cupy.capture")
     import cupy
 
     from . import launch
@@ -67,6 +66,7 @@ def capture(step, *args, warmup: int = 1, **kwargs) -> CapturedStep:
         raise TypeError(f"step must be callable, got {type(step).__name__}")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
         raise ValueError(f"warmup={warmup!r}: at least one eager run, so that every kernel is loaded before capture")
+    require_gpu("awq_cupy.capture")
     for _ in range(warmup):
         step(*args, **kwargs)
     caller = cupy.cuda.get_current_stream()

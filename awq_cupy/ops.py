@@ -118,8 +118,11 @@ _cache_lock = threading.Lock()
 
 def _runtime():
     global _rt
-    require_gpu("awq_cupy.matmul")
-    import cupy
+    try:
+        import cupy
+    except ImportError:     # no weight can exist then either; say what is missing rather than "no module"
+        require_gpu("awq_cupy.matmul")
+        raise
     from cupy.cuda import device
 
     _rt = (cupy.ndarray, cupy.cuda.get_current_stream, device.get_device_id, cupy.empty)
@@ -155,11 +158,11 @@ def matmul(x, w, bias=None, out=None, *, batch_invariant: bool = False):
     from M). With ``batch_invariant=True`` one kernel with a split count chosen from (K, N) alone runs for every
     M, so each row's output is bitwise independent of the other rows and of M.
     """
-    rt = _rt if _rt is not None else _runtime()
     try:
         K, N, dev, dt = w.K, w.N, w.device, w._xdtype
     except AttributeError:
         raise TypeError(f"w must be an awq_cupy.QuantizedWeight, got {type(w).__name__}") from None
+    rt = _rt if _rt is not None else _runtime()
     # The O(1) checks of the common case; anything else (errors included) goes through _check_x.
     if type(x) is rt[0] and x.dtype is dt and x._c_contiguous:
         shape = x.shape

@@ -1,5 +1,11 @@
 """A small, lazy safetensors reader and a streaming writer (numpy only, no torch).
 
+Why not the ``safetensors`` package: its numpy API returns a copy of each tensor it reads (``load_file`` reads
+the whole file), where a 40 GB checkpoint must open in milliseconds and stream to the GPU layer by layer from
+the page cache; it raises on BF16 unless ml_dtypes was imported (this reader returns bit patterns then, with the
+declared dtype at hand); and its errors name neither the file nor the tensor. The format is small (below), so reading it here costs ~300 lines.
+The tests check both directions against that package (``tests/test_checkpoint.py``).
+
 File format (https://github.com/huggingface/safetensors): 8 bytes little-endian unsigned header length ``n``,
 then ``n`` bytes of UTF-8 JSON ``{name: {"dtype": "F16", "shape": [..], "data_offsets": [begin, end]}, ...,
 "__metadata__": {str: str}}``, then the data buffer. Offsets are relative to the start of the data buffer.

@@ -115,7 +115,6 @@ class QuantizedWeight:
     @classmethod
     def from_gemm(cls, qweight, qzeros, scales, group_size, *, dtype="float16", bias=None, device=None):
         """From AutoAWQ gemm tensors (numpy or cupy; numpy is uploaded to ``device`` or the current device)."""
-        require_gpu("QuantizedWeight.from_gemm")
         import cupy
 
         from .formats import resolve_group_size
@@ -125,6 +124,7 @@ class QuantizedWeight:
         if getattr(qweight, "ndim", 0) == 2 and qweight.shape[0] % 8:   # before touching a device: a CPU error
             raise ValueError(f"in_features K={qweight.shape[0]} (qweight rows) is not a multiple of 8: the kernels "
                              "read each activation row 16 bytes at a time")
+        require_gpu("QuantizedWeight.from_gemm")
         with cupy.cuda.Device(device if device is not None else cupy.cuda.runtime.getDevice()):
             qweight, qzeros, scales = (cupy.asarray(a) for a in (qweight, qzeros, scales))
             if bias is not None:

@@ -389,11 +389,13 @@ class BertEncoder:
     @classmethod
     def from_pretrained(cls, path=None, *, xp=np) -> "BertEncoder":
         """From a sentence-transformers / Hugging Face folder (default: the installed all-MiniLM-L6-v2)."""
-        from safetensors.numpy import load_file
+        from ..safetensors_io import SafetensorsFile
 
         d = Path(path) if path is not None else model_dir()
         config = BertConfig.from_dict(json.loads((d / "config.json").read_text(encoding="utf-8")))
-        return cls.from_tensors(config, load_file(str(d / "model.safetensors")), xp=xp)
+        with SafetensorsFile(d / "model.safetensors") as f:     # copies: the mapping closes with the file
+            tensors = {n: np.array(f.get(n)) for n in f.keys()}
+        return cls.from_tensors(config, tensors, xp=xp)
 
     @classmethod
     def from_checkpoint(cls, path, *, xp=np) -> "BertEncoder":

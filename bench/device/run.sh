@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call of steps, in order: bash bench/device/run.sh decode same_bits gpu_tests sanitize probes bench_quick
+# One device call of steps, in order: bash bench/device/run.sh decode same_bits gpu_tests sanitize probes examples bench_quick
 # Logs under $OUT; a short summary at the end. same_bits needs the tree to compare against in .old/ (carry it).
 cd "$(dirname "$0")/../.." || exit 1   # the repo root: the paths below and .old/ are relative to it
 export PYTHONUNBUFFERED=1
@@ -32,6 +32,12 @@ for step in "$@"; do
               if [ $prc -ne 0 ] && { [ $prc -ne 124 ] || [ "$lines" -lt 2 ]; }; then rc=1; fi
               echo "probe $cmd: rc=$prc, $lines lines; $(tail -1 "$log" | cut -c1-100)"
             done ;;
+    examples) { python3 examples/run_checkpoint.py --layers 4 --hidden 4096 --kv 1024 --inter 14336 &&
+                python3 examples/run_checkpoint.py --layers 4 --hidden 4096 --kv 1024 --inter 14336 --tokens 16 &&
+                python3 examples/capture_decode_step.py --layers 32 &&
+                python3 examples/capture_decode_step.py --layers 32 --tokens 16 &&
+                python3 examples/quantize_awq.py --hidden 4096 --xp cupy; } > "$OUT/examples.log" 2>&1; rc=$?
+              grep -E "eager|replay|RTN|AWQ|fused" "$OUT/examples.log" ;;
     bench_quick) python3 -m awq_cupy bench --quick --no-decode --json "$OUT/bench.json" --plot "$OUT/bench.png" > "$OUT/bench.log" 2>&1; rc=$?
                  grep -A40 "^sum over" "$OUT/bench.log" | head -20 ;;
     bench_full) python3 -m awq_cupy bench --json "$OUT/bench_full.json" --plot "$OUT/bench_full.png" > "$OUT/bench_full.log" 2>&1; rc=$?
