@@ -6,9 +6,49 @@ import sys
 from pathlib import Path
 
 
+def _cmd_compile_source(args) -> int:
+    from .jit import CompileError, compile_file
+
+    if args.family:
+        print("error: --family is for the library's kernels, not with --source", file=sys.stderr)
+        return 2
+    if not args.name:
+        print("error: --source needs at least one --name (a kernel name expression, e.g. 'my_kernel<__half>')",
+              file=sys.stderr)
+        return 2
+    defines = []
+    for d in args.define:
+        k, _, v = d.partition("=")
+        defines.append((k, v or "1"))
+    archs = args.arch if args.arch_given else [a for a in args.arch if not a.endswith("a")]
+    for a in archs:
+        try:
+            prog = compile_file(args.source, args.name, arch=a, include_dirs=args.include, defines=defines)
+        except CompileError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        except (ValueError, FileNotFoundError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(prog.report())
+        for line in prog.log.splitlines():       # NVRTC's warnings (the rest of the log is ptxas -v)
+            if "warning" in line.lower():
+                print(line, file=sys.stderr)
+        spills = [n for n, r in prog.resources.items() if r.spill_stores or r.spill_loads]
+        if spills:
+            print(f"warning: {', '.join(spills)} spill registers on {prog.arch.target}", file=sys.stderr)
+    return 0
+
+
 def _cmd_compile(args) -> int:
     from .jit import CompileError
     from .kernels import compile_all
+
+    if args.source:
+        return _cmd_compile_source(args)
+    if args.name or args.define or args.include:
+        print("error: --name, -D and -I go with --source FILE", file=sys.stderr)
+        return 2
 
     try:
         rows = compile_all(args.arch, args.family, log=lambda m: print(m, file=sys.stderr))
@@ -198,6 +238,15 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                         "90a alone is only the wgmma build")
     c.add_argument("--family", type=_family_list, default=None, metavar="FAMILIES",
                    help=f"comma-separated kernel families out of {', '.join(FAMILIES)} (default: all)")
+    c.add_argument("--source", metavar="FILE", default=None,
+                   help="compile a .cu file of your own instead, with the library's options and headers, and print "
+                        "ptxas's report per kernel (default arch: every generic target; name 90a for wgmma code)")
+    c.add_argument("--name", action="append", default=[], metavar="EXPR",
+                   help="with --source: a kernel to export, as a C++ name expression (repeatable)")
+    c.add_argument("-D", dest="define", action="append", default=[], metavar="NAME[=VALUE]",
+                   help="with --source: a preprocessor define (repeatable)")
+    c.add_argument("-I", dest="include", action="append", default=[], metavar="DIR",
+                   help="with --source: another folder for #include \"...\" (the file's own folder comes first)")
     c.set_defaults(func=_cmd_compile)
     from .bench import CONTENDERS, MODELS, PATHS
 
@@ -260,6 +309,9 @@ def main(argv=None) -> int:
     prog = _prog()
     p = build_parser(prog)
     args = p.parse_args(argv)
+    if args.cmd == "compile":
+        argv_list = sys.argv[1:] if argv is None else list(argv)
+        args.arch_given = any(a == "--arch" or a.startswith("--arch=") for a in argv_list)
     if args.cmd is None:
         p.print_help()
         return 0

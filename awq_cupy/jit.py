@@ -38,7 +38,8 @@ import numpy as np
 __all__ = [
     "Arch", "ARCHS", "KernelFamily", "Resources", "CompiledFamily", "Kernel", "CompileError",
     "UnsupportedArchError", "arch_for_cc", "arch_of_device", "compile_family", "get_kernel", "read_source",
-    "cache_dir", "kernel_dir", "variant_expr",
+    "cache_dir", "kernel_dir", "variant_expr", "inline_includes", "resolve_arch", "Program", "compile_source",
+    "compile_file",
 ]
 
 # Bump when the cache layout or key recipe changes: old entries are then simply never looked up again.
@@ -181,11 +182,18 @@ class KernelFamily:
     defines: tuple[tuple[str, str], ...] = ()
     source_dir: str | None = None
     asserts: Callable[[Arch], tuple[str, ...]] | None = None
+    # user programs (compile_source): the source text itself (then ``source`` is only its file name in
+    # messages), more folders for its #include "..." lines, and NVRTC options of its own
+    text: str | None = None
+    include_dirs: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()
 
     def source_text(self, arch: Arch) -> str:
         """What NVRTC compiles for ``arch``: the source with its headers inlined, then the ``asserts(arch)`` lines
         (C++ static_asserts checking the Python tables against the kernels)."""
-        text = read_source(self.source, self.source_dir)
+        dirs = ((self.source_dir,) if self.source_dir is not None else ()) + tuple(self.include_dirs)
+        text = inline_includes(self.text, self.source, dirs) if self.text is not None else \
+            read_source(self.source, dirs)
         if self.asserts is not None:
             text += "\n// ---- checks of the Python kernel table\n" + "\n".join(self.asserts(arch)) + "\n"
         return text
@@ -203,7 +211,8 @@ def variant_expr(variant) -> str:
     return variant if isinstance(variant, str) else variant.expr
 
 
-_INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.M)
+# one line (a trailing // comment allowed), so the #line directives count right
+_INCLUDE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"[ \t]*(?://.*)?$', re.M)
 
 
 def kernel_dir():
@@ -219,15 +228,25 @@ def kernel_dir():
     return Path(__file__).resolve().parent.parent / "kernels_cu"
 
 
+def _search_dirs(source_dir) -> list:
+    if source_dir is None:
+        extra = []
+    elif isinstance(source_dir, (str, os.PathLike)):
+        extra = [Path(source_dir)]
+    else:
+        extra = [Path(d) for d in source_dir]
+    return extra + [kernel_dir()]
+
+
 def read_source(name: str, source_dir=None, _seen: set | None = None) -> str:
     """Text of ``<source_dir or kernels_cu>/<name>`` with our own ``#include "x.cuh"`` lines inlined
-    (recursively, once each per translation unit, like ``#pragma once``; looked up in ``source_dir`` first, then
-    ``kernels_cu``), so that the cache key covers every header by content."""
+    (recursively, once each per translation unit, like ``#pragma once``; looked up in ``source_dir`` (a folder or
+    a list of folders) first, then ``kernels_cu``), so that the cache key covers every header by content.
+    ``#line`` directives keep NVRTC's messages and the line info pointing at each file's own lines."""
     seen = set() if _seen is None else _seen
     if name in seen:
         return f"// {name} already included\n"
-    seen.add(name)
-    dirs = ([Path(source_dir)] if source_dir is not None else []) + [kernel_dir()]
+    dirs = _search_dirs(source_dir)
     for d in dirs:
         path = d.joinpath(name)
         if path.is_file():
@@ -235,8 +254,22 @@ def read_source(name: str, source_dir=None, _seen: set | None = None) -> str:
             break
     else:
         raise FileNotFoundError(f"kernel source {name!r} not found in {', '.join(map(str, dirs))}")
-    return _INCLUDE_RE.sub(lambda m: f"// ---- begin {m.group(1)}\n{read_source(m.group(1), source_dir, seen)}"
-                                     f"// ---- end {m.group(1)}", text)
+    return inline_includes(text, name, source_dir, seen)
+
+
+def inline_includes(text: str, name: str, source_dir=None, _seen: set | None = None) -> str:
+    """``text`` (the file ``name``) with its ``#include "x.cuh"`` lines replaced by the headers' text, found in
+    ``source_dir`` (a folder or a list) and then ``kernels_cu``; system includes (``<...>``) stay for NVRTC."""
+    seen = set() if _seen is None else _seen
+    seen.add(name)
+
+    def inline(m: re.Match) -> str:
+        header = m.group(1)
+        after = text.count("\n", 0, m.start()) + 2        # the line after the #include, 1-based
+        return (f"// ---- begin {header}\n#line 1 \"{header}\"\n{read_source(header, source_dir, seen)}"
+                f"\n// ---- end {header}\n#line {after} \"{name}\"")
+
+    return _INCLUDE_RE.sub(inline, text)
 
 
 def _cuda_include_dir() -> str:
@@ -339,7 +372,7 @@ def compile_options(family: KernelFamily, arch: Arch) -> list[str]:
     opts = [f"-arch={arch.target}", "--std=c++17", "-default-device", f"-I{_cuda_include_dir()}",
             f"-DAWQ_CUPY_CC={arch.cc * 10}", "--ptxas-options=-v", "-lineinfo"]
     opts += [f"-D{k}={v}" for k, v in arch.defines() + family.defines]
-    return opts
+    return opts + list(family.options)
 
 
 def cache_dir() -> Path:
@@ -417,7 +450,8 @@ def _nvrtc_compile(family: KernelFamily, arch: Arch, source: str, options: list[
                    names: tuple[str, ...]) -> tuple[bytes, dict, str]:
     from cupy.cuda import nvrtc
 
-    prog = nvrtc.createProgram(source, f"{family.name}.cu", [], [])
+    filename = family.source if family.text is not None else f"{family.name}.cu"
+    prog = nvrtc.createProgram(source, filename, [], [])
     try:
         for n in names:
             nvrtc.addNameExpression(prog, n)
@@ -469,6 +503,155 @@ def compile_family(family: KernelFamily, arch: Arch | str) -> CompiledFamily:
                 _write_cached(c, source, options)
         _compiled[key] = c
         return c
+
+
+# --------------------------------------------------------------------------------------------------------------
+# User programs: the same compile, cache and launch for a source of one's own (docs/kernel-api.md)
+# --------------------------------------------------------------------------------------------------------------
+def resolve_arch(arch=None) -> Arch:
+    """An ``Arch`` from a key (``"90a"``), a target (``"sm_90a"``), an ``Arch``, or None for the current device's
+    (its generic target: ``sm_90`` on an H100/H200; ask for ``"90a"`` to use wgmma)."""
+    if isinstance(arch, Arch):
+        return arch
+    if arch is None:
+        from ._array import gpu_available, no_gpu_message
+
+        if not gpu_available():
+            raise ValueError(no_gpu_message("arch=None (the current device's architecture)")
+                             + f" Name the target to compile for, one of {', '.join(ARCHS)}.")
+        return arch_of_device()
+    key = str(arch).lower()
+    key = key[3:] if key.startswith("sm_") else key
+    if key not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; supported: {', '.join(ARCHS)}")
+    return ARCHS[key]
+
+
+@dataclass(frozen=True, eq=False)
+class Program:
+    """A user's source compiled for one arch by ``compile_source`` / ``compile_file``.
+
+    ``names``: the name expressions asked for; ``lowered``: their mangled symbols; ``resources``: ptxas's report
+    per name (``Resources``: registers, spill stores/loads, stack frame, static shared memory); ``log``: NVRTC's
+    log (warnings included); ``from_cache``: whether the cubin came from the disk cache. ``kernel(name)`` loads
+    one on the current (or given) device, compiling for that device's arch first if it is not ``arch``.
+    """
+
+    family: KernelFamily
+    arch: Arch
+    compiled: CompiledFamily
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.family.names(self.arch)
+
+    @property
+    def lowered(self) -> dict:
+        return dict(self.compiled.lowered)
+
+    @property
+    def resources(self) -> dict:
+        return dict(self.compiled.resources)
+
+    @property
+    def log(self) -> str:
+        return self.compiled.log
+
+    @property
+    def from_cache(self) -> bool:
+        return self.compiled.from_cache
+
+    @property
+    def cubin(self) -> bytes:
+        return self.compiled.cubin
+
+    def kernel(self, name: str | None = None, device_id: int | None = None) -> "Kernel":
+        """The loaded kernel ``name`` (default: the only name) on the current or given device; its ``launch``
+        runs on the caller's current CuPy stream (``pdl=True`` for programmatic dependent launch on sm_90)."""
+        from ._array import require_gpu
+
+        require_gpu("Program.kernel")
+        if name is None:
+            if len(self.names) != 1:
+                raise ValueError(f"this program has {len(self.names)} kernels; name one of {list(self.names)}")
+            name = self.names[0]
+        if name not in self.names:
+            raise ValueError(f"{name!r} is not one of this program's name expressions {list(self.names)}")
+        import cupy
+
+        dev = cupy.cuda.runtime.getDevice() if device_id is None else int(device_id)
+        target = arch_of_device(dev, arch_specific=self.arch.arch_specific)
+        # this program's own cubin (not a cache by name: an edited source or header loads as a new module)
+        c = self.compiled if target.target == self.arch.target else compile_family(self.family, target)
+        return _load(c, self.family.name, name, dev)
+
+    def report(self) -> str:
+        """ptxas's figures as a table, one row per name expression."""
+        rows = [f"{'regs':>4} {'spill st/ld':>11} {'stack':>5} {'smem':>6}  kernel ({self.arch.target})"]
+        for n in self.names:
+            r = self.compiled.resources.get(n)
+            if r is None:
+                rows.append(f"{'?':>4} {'?':>11} {'?':>5} {'?':>6}  {n}")
+            else:
+                rows.append(f"{r.registers:>4} {r.spill_stores:>5}/{r.spill_loads:<5} {r.stack_frame:>5} "
+                            f"{r.static_smem:>6}  {n}")
+        return "\n".join(rows)
+
+
+def _as_pairs(defines) -> tuple[tuple[str, str], ...]:
+    if defines is None:
+        return ()
+    items = defines.items() if isinstance(defines, dict) else defines
+    out = []
+    for item in items:
+        k, v = (item, "1") if isinstance(item, str) else item
+        if not re.fullmatch(r"[A-Za-z_]\w*", str(k)):
+            raise ValueError(f"define name {k!r} is not a C identifier")
+        out.append((str(k), str(v)))
+    return tuple(out)
+
+
+def compile_source(source: str, names, *, arch=None, filename: str = "user_kernel.cu", include_dirs=(),
+                   defines=None, options=(), hot: bool = False) -> Program:
+    """Compile ``source`` (CUDA C++ text) with the library's options for ``arch`` (see ``resolve_arch``; no GPU
+    needed when it is named), through the same NVRTC path, disk cache and memory cache as the shipped kernels.
+
+    ``names``: the kernels to export, as C++ name expressions (``"my_kernel"``, ``"tiled<__half, 64>"``).
+    ``#include "x.cuh"`` lines are inlined from ``include_dirs`` and then the library's ``kernels_cu`` (so
+    ``#include "awq_cupy.cuh"`` gives the device helpers of docs/kernel-api.md); every inlined header is part of the
+    cache key. The library defines ``AWQ_CUPY_CC`` and the arch's ``AWQ_ARCH_*`` features; ``defines`` adds more
+    (a dict or (name, value) pairs), ``options`` more NVRTC flags. ``filename`` is the name NVRTC's messages use.
+    A compile error raises ``CompileError`` carrying NVRTC's log. ``hot=True`` marks the kernels as ones that must
+    not spill (``python -m awq_cupy compile --source`` then fails on a spill).
+    """
+    if not isinstance(source, str):
+        raise TypeError(f"source must be the CUDA source text (str), got {type(source).__name__}")
+    if isinstance(names, str):
+        names = (names,)
+    names = tuple(names)
+    if not names or not all(isinstance(n, str) and n.strip() for n in names):
+        raise ValueError(f"names={names!r}: give at least one kernel name expression")
+    if isinstance(options, str) or not all(isinstance(o, str) for o in options):
+        raise TypeError("options must be a list of NVRTC option strings")
+    target = resolve_arch(arch)
+    stem = re.sub(r"\W", "_", Path(filename).stem) or "user_kernel"
+    family = KernelFamily(name=f"user_{stem}", source=str(filename), variants=lambda _a, n=names: n, hot=hot,
+                          arch_specific=target.arch_specific, defines=_as_pairs(defines), text=source,
+                          include_dirs=tuple(str(d) for d in include_dirs), options=tuple(options))
+    return Program(family, target, compile_family(family, target))
+
+
+def compile_file(path, names, **kwargs) -> Program:
+    """``compile_source`` of a file: its own folder is searched first for its ``#include "..."`` lines, and NVRTC's
+    messages name it."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"cannot read kernel source {p}: {e}") from e
+    kwargs.setdefault("filename", p.name)
+    kwargs["include_dirs"] = (str(p.resolve().parent),) + tuple(kwargs.get("include_dirs", ()))
+    return compile_source(text, names, **kwargs)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -549,23 +732,35 @@ def get_kernel(family: KernelFamily, variant, device_id: int | None = None) -> K
     if fast is not None:
         return fast
     arch = arch_of_device(device_id, arch_specific=family.arch_specific)
-    c = compile_family(family, arch)
+    k = _load(compile_family(family, arch), family.name, variant, device_id)
+    _kernels[(device_id, family.name, variant)] = k
+    return k
+
+
+_loaded: dict[tuple[int, str, str], Kernel] = {}
+
+
+def _load(c: CompiledFamily, family_name: str, variant: str, device_id: int) -> Kernel:
+    """Kernel ``variant`` of the compiled ``c`` on a device: its module loaded once per (device, cache key)."""
+    import cupy
+
     if variant not in c.lowered:
-        raise ValueError(f"kernel family {family.name!r} has no variant {variant!r} on {arch.target}; "
+        raise ValueError(f"kernel family {family_name!r} has no variant {variant!r} on {c.arch}; "
                          f"available: {sorted(c.lowered)}")
     with _lock_for(c.key):
+        k = _loaded.get((device_id, c.key, variant))
+        if k is not None:
+            return k
         mod = _modules.get((device_id, c.key))
         if mod is None:
             with cupy.cuda.Device(device_id):
                 mod = cupy.cuda.function.Module()
                 mod.load(c.cubin)
             _modules[(device_id, c.key)] = mod
-        k = _kernels.get((device_id, family.name, variant))
-        if k is None:
-            with cupy.cuda.Device(device_id):
-                func = mod.get_function(c.lowered[variant])
-            k = Kernel(variant, family.name, device_id, func, c.resources.get(variant))
-            _kernels[(device_id, family.name, variant)] = k
+        with cupy.cuda.Device(device_id):
+            func = mod.get_function(c.lowered[variant])
+        k = _loaded[(device_id, c.key, variant)] = Kernel(variant, family_name, device_id, func,
+                                                          c.resources.get(variant))
     return k
 
 

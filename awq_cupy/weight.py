@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from .dtypes import dtype_name as _dtype_name
 from .dtypes import numpy_dtype
 from .jit import as_i32
 
-__all__ = ["QuantizedWeight"]
+__all__ = ["QuantizedWeight", "WeightLayout"]
 
 # Every weight's cache of prepared calls (ops.matmul), emptied when the settings are reloaded.
 _weights: "weakref.WeakSet[QuantizedWeight]" = weakref.WeakSet()
@@ -102,6 +103,13 @@ class QuantizedWeight:
     def __repr__(self) -> str:
         return (f"QuantizedWeight(K={self.K}, N={self.N}, group_size={self.group_size}, dtype={self.dtype}, "
                 f"nbytes={self.nbytes}, device={self.device})")
+
+    def layout(self) -> "WeightLayout":
+        """What a kernel of one's own needs to read this weight (kernels_cu/awq_cupy.cuh, docs/kernel-api.md)."""
+        Kp, Np = layout.padded_sizes(self.K, self.N)
+        return WeightLayout(qtiles=self.qtiles, scales=self.scales, zeros=self.zeros, K=self.K, N=self.N, Kp=Kp,
+                            Np=Np, NT16=self.NT16, KS=self.KS, group_size=self.group_size, NG=self.NG,
+                            dtype=self.dtype, device=self.device)
 
     def split(self, y) -> dict:
         """A fused weight's output ``y [..., N]`` as ``{part name: y[..., start:stop]}`` (views, no copy)."""
@@ -231,6 +239,40 @@ class QuantizedWeight:
                 w.bias = _cast_vector(self.bias, kind)
         w.parts = self.parts
         return w
+
+
+@dataclass(frozen=True, eq=False)
+class WeightLayout:
+    """A ``QuantizedWeight`` as device code sees it (kernels_cu/awq_cupy.cuh has the byte-level contract).
+
+    ``qtiles`` uint32 CuPy array ``[NT16, KS, 32, 4]`` (a uint4 per lane and block; column block ``t`` starts at
+    uint4 ``t * KS * 32``), ``scales`` and ``zeros`` ``[NG, Np]`` 16-bit patterns of ``dtype`` (column-permuted
+    per 16-column block; zeros hold MAGIC + z). ``Kp``/``Np``: K and N rounded up to 64. ``args()`` gives them in
+    the header's order as kernel arguments: the three arrays, then K, N, KS, Np, group_size, NG as int32.
+    """
+
+    qtiles: object
+    scales: object
+    zeros: object
+    K: int
+    N: int
+    Kp: int
+    Np: int
+    NT16: int
+    KS: int
+    group_size: int
+    NG: int
+    dtype: str
+    device: int
+
+    @property
+    def block_stride(self) -> int:
+        """uint4 elements from one 16-column block of ``qtiles`` to the next (``KS * 32``)."""
+        return self.KS * 32
+
+    def args(self) -> tuple:
+        return (self.qtiles, self.scales, self.zeros, as_i32(self.K), as_i32(self.N), as_i32(self.KS),
+                as_i32(self.Np), as_i32(self.group_size), as_i32(self.NG))
 
 
 def check_group_size(K: int, G: int) -> None:

@@ -12,7 +12,7 @@
 // Variants: OutT x ScaleT in {__half, __nv_bfloat16}^2 (table: awq_cupy/kernels.py).
 // Launched by awq_cupy.ops.dequantize_gemm. One thread per packed word (8 outputs, one 16-byte store);
 // grid-stride so any K*N/8 fits the grid.
-#include "common.cuh"
+#include "awq_cupy.cuh"   // the tile kernel reads the layout through its public accessors
 
 template <typename OutT, typename ScaleT>
 __global__ void awq_dequant_gemm_kernel(
@@ -77,13 +77,13 @@ __global__ void __launch_bounds__(128) awq_dequant_tiles_kernel(
     const u32* zp[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {                                 // word i lies in the 32-k half i / 2: one group
-      const long long off = (long long)min((64 * ks + 32 * (i >> 1)) / G, NG - 1) * Np + nt * 64 + 2 * c;
+      const long long off = awq_group_offset(Np, awq_group(64 * ks + 32 * (i >> 1), G, NG), 4 * nt) + 2 * c;
       sp[i] = reinterpret_cast<const u32*>(scales + off);
       zp[i] = reinterpret_cast<const u32*>(zeros + off);
     }
 #pragma unroll
     for (int j = 0; j < 4; ++j) {                                 // 16-column block 4 nt + j
-      const uint4 wv = qtiles[((long long)(4 * nt + j) * KS + ks) * 32 + lane];
+      const uint4 wv = awq_load_tile(qtiles, KS, 4 * nt + j, ks, lane);
       const u32 words[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(128) awq_dequant_tiles_kernel(
           const u32 z2 = h ? bcast_hi(zw) : bcast_lo(zw);
           const u32 lo = dequant_pair<T>(int4pair_magic<T>(w >> (8 * h)), z2, s2);      // pair f = 0
           const u32 hi = dequant_pair<T>(int4pair_magic<T>(w >> (8 * h + 4)), z2, s2);  // pair f = 1
-          const int row = layout_k(i, r), col = col_at(row, 16 * j + 8 * h + c);
+          const int row = awq_tile_k(i, r), col = col_at(row, 16 * j + 8 * h + c);
           tile[warp][row][col] = (unsigned short)(lo & 0xFFFF);
           tile[warp][row + 1][col] = (unsigned short)(lo >> 16);
           tile[warp][row + 2][col] = (unsigned short)(hi & 0xFFFF);

@@ -630,3 +630,129 @@ def test_launch_attributes_have_the_driver_layout():
     arr, n = driver.launch_attributes(True, (1, 8, 1))
     assert n == 2 and [a.id for a in arr] == [6, 4] and value(arr[1], "<3I") == (1, 8, 1)
     assert driver.launch_attributes(True, (1, 8, 1))[0] is arr   # built once per set
+
+
+# ----------------------------------------------------------------------------------------------------------
+# User programs: compile_source / compile_file with the library's headers (docs/kernel-api.md)
+# ----------------------------------------------------------------------------------------------------------
+USER = """\
+// user.cu: decode one tile word per thread with the library's accessors
+#include "awq_cupy.cuh"
+template <typename T>
+__global__ void codes(const uint4* __restrict__ qtiles, int KS, u32* out) {
+  const uint4 w = awq_load_tile(qtiles, KS, blockIdx.x, 0, threadIdx.x);
+  out[threadIdx.x] = awq_code(w.x, 3) + awq_tile_k(1, threadIdx.x & 3);
+}
+"""
+PLAIN = """\
+extern "C" __global__ void plain(float* y, int n) { if (threadIdx.x < n) y[threadIdx.x] = SCALE; }
+"""
+
+
+@pytest.fixture
+def user_cache(tmp_path, monkeypatch):
+    """A fresh disk cache and memory cache; NVRTC compiles counted."""
+    monkeypatch.setenv("AWQ_CUPY_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("AWQ_CUPY_DISABLE_CACHE", raising=False)
+    monkeypatch.setattr(jit, "_compiled", {})
+    counter = {"n": 0}
+    real = jit._nvrtc_compile
+
+    def counting(*args, **kwargs):
+        counter["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jit, "_nvrtc_compile", counting)
+    return counter
+
+
+@pytest.mark.parametrize("arch", list(jit.ARCHS))
+def test_user_source_with_the_library_header_compiles_for_every_arch(user_cache, arch):
+    prog = jit.compile_source(USER, ["codes<__half>"], arch=arch, filename="user.cu")
+    assert prog.arch is jit.ARCHS[arch] and prog.names == ("codes<__half>",)
+    r = prog.resources["codes<__half>"]
+    assert r.registers > 0 and r.spill_stores == r.spill_loads == 0
+    assert prog.lowered["codes<__half>"].startswith("_Z") and prog.cubin.startswith(b"\x7fELF")
+    assert "codes<__half>" in prog.report() and jit.ARCHS[arch].target in prog.report()
+
+
+@pytest.mark.parametrize("arch", ["75", "90a"])
+def test_user_source_without_library_headers(user_cache, arch):
+    prog = jit.compile_source(PLAIN, "plain", arch=arch, defines={"SCALE": "2.5f"})
+    assert prog.lowered["plain"] == "plain" and prog.resources["plain"].registers > 0
+    with pytest.raises(jit.CompileError, match="SCALE"):       # the define is what made it compile
+        jit.compile_source(PLAIN, "plain", arch=arch)
+
+
+def test_user_program_cache_hit_and_miss_when_an_included_header_changes(user_cache, tmp_path):
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "mine.cuh").write_text("#pragma once\n__device__ float twice(float v) { return 2 * v; }\n")
+    src = '#include "mine.cuh"\nextern "C" __global__ void k(float* y) { y[0] = twice(y[0]); }\n'
+    a = jit.compile_source(src, "k", arch="86", include_dirs=[inc])
+    assert user_cache["n"] == 1 and not a.from_cache
+    jit._compiled.clear()                                           # a new process: the disk cache answers
+    b = jit.compile_source(src, "k", arch="86", include_dirs=[inc])
+    assert user_cache["n"] == 1 and b.from_cache and b.compiled.key == a.compiled.key
+    (inc / "mine.cuh").write_text("#pragma once\n__device__ float twice(float v) { return v + v; }\n")
+    c = jit.compile_source(src, "k", arch="86", include_dirs=[inc])
+    assert user_cache["n"] == 2 and c.compiled.key != a.compiled.key
+
+
+def test_user_compile_error_names_the_users_file_and_line(user_cache, tmp_path):
+    f = tmp_path / "broken_kernel.cu"
+    f.write_text('#include "awq_cupy.cuh"\n\n__global__ void k(float* y) {\n  y[0] = not_declared;\n}\n')
+    with pytest.raises(jit.CompileError) as e:
+        jit.compile_file(f, "k", arch="90")
+    assert 'broken_kernel.cu(4): error: identifier "not_declared" is undefined' in e.value.log, e.value.log
+    assert "broken_kernel.cu(4)" in str(e.value)
+
+
+def test_compile_file_finds_headers_beside_the_file_first(user_cache, tmp_path):
+    (tmp_path / "common.cuh").write_text("#pragma once\n#define FROM_BESIDE 1\n")   # shadows the library's
+    f = tmp_path / "k.cu"
+    f.write_text('#include "common.cuh"\n#if !FROM_BESIDE\n#error wrong header\n#endif\n'
+                 'extern "C" __global__ void k() {}\n')
+    assert jit.compile_file(f, "k", arch="80").names == ("k",)
+
+
+def test_user_api_rejects_bad_input(user_cache, tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="at least one kernel"):
+        jit.compile_source(PLAIN, [], arch="80")
+    with pytest.raises(TypeError, match="source text"):
+        jit.compile_source(b"x", "k", arch="80")
+    with pytest.raises(ValueError, match="unknown arch 'sm_61'"):
+        jit.compile_source(PLAIN, "plain", arch="sm_61")
+    with pytest.raises(ValueError, match="not a C identifier"):
+        jit.compile_source(PLAIN, "plain", arch="80", defines={"1x": "2"})
+    with pytest.raises(ValueError, match="cannot read kernel source"):
+        jit.compile_file(tmp_path / "missing.cu", "k", arch="80")
+    assert jit.resolve_arch("sm_90a") is jit.ARCHS["90a"]
+    from awq_cupy import _array
+
+    monkeypatch.setattr(_array, "_GPU_AVAILABLE", False)
+    with pytest.raises(ValueError, match="Name the target"):
+        jit.compile_source(PLAIN, "plain", defines={"SCALE": "1.f"})
+    prog = jit.compile_source(PLAIN, "plain", arch="80", defines={"SCALE": "1.f"})
+    with pytest.raises(_array.GPUUnavailableError, match="Program.kernel needs a CUDA GPU"):
+        prog.kernel()
+
+
+def test_include_lines_keep_line_numbers(tmp_path):
+    (tmp_path / "h.cuh").write_text("// one\n// two\n")
+    text = jit.inline_includes('// a\n#include "h.cuh"  // why\n// c\n', "main.cu", [tmp_path])
+    lines = text.splitlines()
+    assert '#line 1 "h.cuh"' in lines and lines[-2:] == ['#line 3 "main.cu"', "// c"]
+
+
+def test_cli_compiles_a_users_file(tmp_path):
+    f = tmp_path / "mine.cu"
+    f.write_text(USER)
+    env = dict(os.environ, AWQ_CUPY_CACHE_DIR=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-m", "awq_cupy", "compile", "--source", str(f), "--name", "codes<__half>",
+                        "--arch", "80,90a"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "kernel (sm_80)" in r.stdout and "kernel (sm_90a)" in r.stdout and r.stdout.count("codes<__half>") == 2
+    bad = subprocess.run([sys.executable, "-m", "awq_cupy", "compile", "--source", str(f), "--arch", "80"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "needs at least one --name" in bad.stderr
