@@ -756,3 +756,80 @@ def test_cli_compiles_a_users_file(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "awq_cupy", "compile", "--source", str(f), "--arch", "80"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "needs at least one --name" in bad.stderr
+
+
+LAYOUT_PROBE = """\
+// Reads every code, zero and scale of a QuantizedWeight through awq_cupy.cuh and writes them out densely.
+#include "awq_cupy.cuh"
+__global__ void layout_probe(const uint4* __restrict__ qtiles, const unsigned short* __restrict__ scales,
+                             const unsigned short* __restrict__ zeros, int K, int N, int KS, int Np, int G, int NG,
+                             unsigned char* q, unsigned char* z, unsigned short* s) {
+  pdl_wait();
+  const int t = blockIdx.x, ks = blockIdx.y, lane = threadIdx.x, r = lane & 3, c = lane >> 2;
+  const uint4 wv = awq_load_tile(qtiles, KS, t, ks, lane);
+  const u32 words[4] = {wv.x, wv.y, wv.z, wv.w};
+  for (int i = 0; i < 4; ++i) {
+    const int g = awq_group(64 * ks + 32 * (i >> 1), G, NG);
+    const u32 zp = awq_load_pair(zeros, Np, g, t, c), sp = awq_load_pair(scales, Np, g, t, c);
+    for (int v = 0; v < 8; ++v) {
+      const int k = 64 * ks + awq_tile_k(i, r) + 2 * ((v >> 1) & 1) + (v & 1), n = 16 * t + c + 8 * (v >> 2);
+      q[(long long)k * Np + n] = (unsigned char)awq_code(words[i], v);
+      z[(long long)g * Np + n] = (unsigned char)((zp >> (16 * (v >> 2))) & 0xF);
+      s[(long long)g * Np + n] = (unsigned short)(sp >> (16 * (v >> 2)));
+    }
+  }
+  pdl_trigger();
+}
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_user_kernel_reads_the_weight_layout_with_pdl_and_in_a_graph(dtype):
+    """The header's contract on the GPU: a user kernel decodes exactly the codes, zeros and scales that were
+    packed (awkward K, N and G), launched plainly, with PDL right after a matmul, and replayed in a CUDA graph."""
+    import cupy as cp
+
+    import awq_cupy
+    from awq_cupy import formats, layout
+
+    rng = np.random.default_rng(1)
+    K, N, G = 320, 72, 64
+    Q = rng.integers(0, 16, (K, N), dtype=np.uint8)
+    Z = rng.integers(0, 16, (K // G, N), dtype=np.uint8)
+    S = rng.uniform(0.01, 0.02, (K // G, N)).astype(np.float16)
+    t = formats.pack(Q, Z, S, "gemm", G)
+    w = awq_cupy.QuantizedWeight.from_gemm(t["qweight"], t["qzeros"], t["scales"], G, dtype=dtype)
+    L = w.layout()
+    assert (L.K, L.N, L.Kp, L.Np, L.KS, L.NT16, L.NG, L.group_size) == (K, N, 320, 128, 5, 8, 5, 64)
+    assert L.block_stride == 5 * 32 and L.qtiles is w.qtiles and L.dtype == dtype and L.device == w.device
+    k = jit.compile_source(LAYOUT_PROBE, "layout_probe", arch=jit.arch_of_device()).kernel()
+    bufs = [cp.zeros((L.Kp, L.Np), cp.uint8), cp.zeros((L.NG, L.Np), cp.uint8), cp.zeros((L.NG, L.Np), cp.uint16)]
+
+    def check(what):
+        q, z, s = (b.get() for b in bufs)
+        assert np.array_equal(q[:K, :N], Q) and not q[K:].any() and not q[:, N:].any(), what
+        assert np.array_equal(z[:, :N], Z), what
+        want = layout.float_bits(S.astype(np.float32), dtype)
+        assert np.array_equal(s[:, :N], want), what
+
+    k.launch((L.NT16, L.KS), (32,), L.args() + tuple(bufs))
+    check("plain launch")
+    for b in bufs:
+        b[...] = 0
+    x = cp.asarray(rng.standard_normal((1, K)).astype(np.float32)).astype(w._xdtype)
+    awq_cupy.matmul(x, w)
+    k.launch((L.NT16, L.KS), (32,), L.args() + tuple(bufs), pdl=jit.arch_of_device().pdl)
+    check("PDL launch after a matmul")
+
+    def step():
+        awq_cupy.matmul(x, w)
+        k.launch((L.NT16, L.KS), (32,), L.args() + tuple(bufs), pdl=jit.arch_of_device().pdl)
+        return bufs[0]
+
+    graph = awq_cupy.capture(step)
+    for b in bufs:
+        b[...] = 0
+    graph()
+    cp.cuda.get_current_stream().synchronize()
+    check("graph replay")

@@ -36,8 +36,11 @@ for step in "$@"; do
                 python3 examples/run_checkpoint.py --layers 4 --hidden 4096 --kv 1024 --inter 14336 --tokens 16 &&
                 python3 examples/capture_decode_step.py --layers 32 &&
                 python3 examples/capture_decode_step.py --layers 32 --tokens 16 &&
-                python3 examples/quantize_awq.py --hidden 4096 --xp cupy; } > "$OUT/examples.log" 2>&1; rc=$?
-              grep -E "eager|replay|RTN|AWQ|fused" "$OUT/examples.log" ;;
+                python3 examples/quantize_awq.py --hidden 4096 --xp cupy &&
+                python3 examples/fused_gate_up_silu.py && python3 examples/fused_gate_up_silu.py --dtype bfloat16 &&
+                python3 examples/fused_gate_up_silu.py --hidden 5120 --inter 13824 &&
+                python3 examples/fused_gate_up_silu.py --hidden 8192 --inter 28672; } > "$OUT/examples.log" 2>&1; rc=$?
+              grep -E "eager|replay|RTN|AWQ|fused|Error|error" "$OUT/examples.log" ;;
     bench_quick) python3 -m awq_cupy bench --quick --no-decode --json "$OUT/bench.json" --plot "$OUT/bench.png" > "$OUT/bench.log" 2>&1; rc=$?
                  grep -A40 "^sum over" "$OUT/bench.log" | head -20 ;;
     bench_full) python3 -m awq_cupy bench --json "$OUT/bench_full.json" --plot "$OUT/bench_full.png" > "$OUT/bench_full.log" 2>&1; rc=$?
