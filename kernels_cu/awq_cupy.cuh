@@ -1,7 +1,7 @@
 // awq_cupy.cuh: the device-side contract of a QuantizedWeight, for kernels of one's own.
 //
-// #include "awq_cupy.cuh" in a source compiled by awq_cupy.jit.compile_source / compile_file (the library's own
-// kernels include it too, so it cannot drift from what they read). docs/kernel-api.md is the long form; the host
+// Include this header ("awq_cupy.cuh") in a source compiled by awq_cupy.jit.compile_source / compile_file (the
+// library's own kernels include it too, so it cannot drift from what they read). docs/kernel-api.md is the long form; the host
 // side of every argument is QuantizedWeight.layout() (awq_cupy.weight.WeightLayout).
 //
 // The weight W [K, N] (y = x @ W), W[k, n] = (Q[k, n] - Z[g, n]) * S[g, n] with g = k / G, is stored as

@@ -43,7 +43,7 @@ def small_model(tmp_path, rng, *, K=128, G=64, kv=40, inter=136, biases=("q_proj
         for n, qt in layers.items():
             for k, v in formats.pack(qt.Q, qt.Z, qt.S, fmt, G).items():
                 tensors[f"{n}.{k}"] = v
-        save_file(tensors, d / "model.safetensors")
+        save_file(d / "model.safetensors", tensors)
         (d / "config.json").write_text(json.dumps({"model_type": "llama", "quantization_config": {
             "quant_method": "awq", "bits": 4, "group_size": G, "zero_point": fmt != "marlin", "version": fmt}}))
     return d, layers, bias
