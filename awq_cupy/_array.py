@@ -117,7 +117,7 @@ _CPU_ROUTES = ("On the CPU: awq_cupy.dequantize(layer) of a checkpoint layer or 
 def require_gpu(what: str) -> None:
     """Raise ``GPUUnavailableError`` naming ``what`` (and the CPU routes) when no CUDA GPU is usable. Cheap after
     the first call (the probe is cached)."""
-    if not (_GPU_AVAILABLE if _GPU_AVAILABLE is not None else gpu_available()):
+    if not gpu_available():
         raise GPUUnavailableError(f"{no_gpu_message(what)} {_CPU_ROUTES}")
 
 

@@ -48,7 +48,7 @@ import numpy as np
 
 from . import formats
 from ._array import make_reporter
-from .checkpoint import (Checkpoint, CheckpointError, CheckpointWarning, FormatMismatchWarning,
+from .checkpoint import (_AUTO_PROGRESS_BYTES, Checkpoint, CheckpointError, CheckpointWarning, FormatMismatchWarning,
                          NoQuantizedLayersWarning, OrphanTensorsWarning, QuantConfig,
                          QuantizedLayer, load_checkpoint)
 
@@ -56,7 +56,6 @@ __all__ = ["Severity", "Rule", "Problem", "LayerInfo", "TensorSummary", "Report"
            "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 1                     # of Report.to_dict(); bumped when a key changes meaning or goes away
-_AUTO_PROGRESS_BYTES = 2 << 30         # default progress (a terminal) only for at least 2 GiB of layers, as loading
 _LIST_ALL_TENSORS = 12                 # format_text lists the other tensors one by one up to this many
 _FIRST_TENSORS = 5                     # ... and beyond it shows counts by dtype plus this many names
 _MAX_CODE = 15
@@ -430,29 +429,22 @@ def _round_to(x32: np.ndarray, code: str) -> np.ndarray:
 def _logical_scales(layer: QuantizedLayer) -> np.ndarray:
     """S as float32 [NG, N] in logical (group, column) order, padding dropped
     (docs/formats.md §Layouts at a glance)."""
-    fmt, K, N, G = layer.format, layer.in_features, layer.out_features, layer.group_size
+    fmt, K, G = layer.format, layer.in_features, layer.group_size
     NG = K // G
     s = layer.tensors["scales"]
     code = layer.dtype_codes.get("scales", "")
     if fmt == "gemv":                                  # [N, 8*ZW]
         return np.ascontiguousarray(_float32(s[:, :NG], code).T)
     S = _float32(s[:NG], code)                         # gemm [NG, N]; gemv_fast [8*ZW, N]; marlin [NG, N] permuted
-    if fmt == "marlin":
-        # stored position p of each chunk holds column perm[p] (docs/formats.md §The marlin layout)
-        perm = np.asarray(formats.SINGLE_PERM if G == K else formats.SCALE_PERM)
-        chunks = S.reshape(NG, N // len(perm), len(perm))
-        out = np.empty_like(chunks)
-        out[:, :, perm] = chunks
-        S = out.reshape(NG, N)
+    if fmt == "marlin":                                # stored chunks permuted (docs/formats.md §The marlin layout)
+        S = formats._marlin_permute_scales(np, S, K, G, inverse=True)
     return S
 
 
 def _nibbles(words, slot_of_element) -> np.ndarray:
-    """uint8 [..., len(slot_of_element)]: element j read from nibble slot slot_of_element[j] of each word. The
-    words are reinterpreted as unsigned first, because shifting a negative int32 drags in its sign bit."""
-    u = np.ascontiguousarray(words).view(np.uint32)
-    shifts = np.asarray(slot_of_element, dtype=np.uint32) * np.uint32(4)
-    return ((u[..., None] >> shifts) & np.uint32(0xF)).astype(np.uint8)
+    """uint8 [..., len(slot_of_element)]: element j from nibble slot slot_of_element[j] (unsigned view first:
+    shifting a negative int32 drags in its sign bit)."""
+    return formats._unpack_nibbles(np, np.ascontiguousarray(words).view(np.uint32), slot_of_element)
 
 
 def _logical_zeros(layer: QuantizedLayer) -> np.ndarray:

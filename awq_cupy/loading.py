@@ -20,8 +20,6 @@ from .weight import QuantizedWeight, _as_fp16_scales, _to_gpu
 
 __all__ = ["FuseRule", "Part", "LoadGroup", "DEFAULT_FUSE_RULES", "plan_groups", "to_gpu"]
 
-_AUTO_PROGRESS_BYTES = 2 << 30      # progress by default only for at least 2 GiB of layers, on a terminal
-
 
 @dataclass(frozen=True)
 class FuseRule:
@@ -138,7 +136,7 @@ def to_gpu(ckpt, *, dtype="float16", device=None, fuse=False, names: Sequence[st
     require_gpu("Checkpoint.to_gpu")
     import cupy
 
-    from .checkpoint import CheckpointError
+    from .checkpoint import _AUTO_PROGRESS_BYTES, CheckpointError
     from .dtypes import dtype_name
 
     kind = dtype_name(dtype)
@@ -192,7 +190,7 @@ def _gemm_tensors(layer) -> dict:
 def _as_float32(v):
     """fp16/fp32/bf16 (also as uint16 bit patterns) -> float32, exactly (numpy or cupy)."""
     if v.dtype == np.uint16 or is_bfloat16(v.dtype):
-        return (v.view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+        return formats.bf16_bits_to_float32(v.view(np.uint16))
     return v.astype(np.float32)
 
 
@@ -203,9 +201,10 @@ def _check_finite(p: dict, name: str, error) -> None:
         if key not in p:
             continue
         a = _as_float32(p[key]) if key == "bias" else _as_fp16_scales(p[key])
-        bad = int(cupy.count_nonzero(~cupy.isfinite(a)))
+        finite = cupy.isfinite(a)
+        bad = a.size - int(cupy.count_nonzero(finite))
         if bad:
-            first = np.unravel_index(int(cupy.argmin(cupy.isfinite(a).ravel())), a.shape)
+            first = np.unravel_index(int(cupy.argmin(finite.ravel())), a.shape)
             raise error(f"layer {name!r}: {bad} of its {a.size} {key} are NaN or Inf (first at index "
                         f"{tuple(int(i) for i in first)}); the checkpoint is damaged. "
                         f"Pass validate=False to load it anyway.")
