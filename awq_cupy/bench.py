@@ -130,23 +130,47 @@ def _ideal_bytes(K, N, M, G, fp16_weights: bool) -> float:
     return w + M * K * 2 + M * N * 2
 
 
-def rotated_weights(rng, K, N, group_size=128, dtype="float16", rotate_mb=512):
-    """A random K x N layer as ``QuantizedWeight``, repeated in as many independent copies as ``rotate_mb`` MB
-    take (at least two): calls cycling through them read their weights from HBM, not from L2."""
-    import awq_cupy
+def random_gemm_tensors(rng, K, N, group_size=128) -> dict:
+    """A random K x N layer as AutoAWQ ``gemm`` tensors (``qweight``, ``qzeros``, ``scales``, ``group_size``)."""
     from awq_cupy import formats
 
     G = formats.resolve_group_size(group_size, K)
     t = formats.pack(rng.integers(0, 16, (K, N), dtype=np.uint8), rng.integers(0, 16, (K // G, N), dtype=np.uint8),
                      rng.uniform(0.001, 0.01, (K // G, N)).astype(np.float16), "gemm", G)
+    return dict(t, group_size=G)
+
+
+def copies_for(nbytes: int, rotate_mb: int) -> int:
+    """How many copies of a layer of ``nbytes`` make calls cycling through them read from HBM (at least two)."""
+    return max(2, -(-rotate_mb * 2**20 // nbytes))
+
+
+def rotated_weights(rng, K, N, group_size=128, dtype="float16", rotate_mb=512, tensors=None):
+    """A random K x N layer (or the ``gemm`` ``tensors`` given, as ``random_gemm_tensors`` returns them) as
+    ``QuantizedWeight``, repeated in as many independent copies as ``rotate_mb`` MB take (at least two): calls
+    cycling through them read their weights from HBM, not from L2."""
+    import awq_cupy
+
+    t = random_gemm_tensors(rng, K, N, group_size) if tensors is None else tensors
+    G = t["group_size"]
     w0 = awq_cupy.QuantizedWeight.from_gemm(t["qweight"], t["qzeros"], t["scales"], G, dtype=dtype)
-    nq = max(2, -(-rotate_mb * 2**20 // w0.nbytes))
+    nq = copies_for(w0.nbytes, rotate_mb)
     return [w0] + [awq_cupy.QuantizedWeight(qtiles=w0.qtiles.copy(), scales=w0.scales.copy(), zeros=w0.zeros.copy(),
                                             K=K, N=N, group_size=G, dtype=dtype) for _ in range(nq - 1)]
 
 
+def available_contenders(contenders) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The contenders that can run here, and why each peer that cannot is left out."""
+    from .peers import PEERS
+
+    skipped = {c: why for c in contenders if c in PEERS and (why := PEERS[c].unavailable()) is not None}
+    return tuple(c for c in contenders if c not in skipped), skipped
+
+
 def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, contenders=CONTENDERS,
         progress=True):
+    """Benchmark rows for every (layer, M, contender). Peers (``peers.PEERS``) that cannot run here are left out
+    with the reason printed."""
     import cupy
 
     import awq_cupy
@@ -154,7 +178,11 @@ def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, co
     from . import launch, plans
     from .dtypes import numpy_dtype
     from .jit import arch_of_device
+    from .peers import PEERS
 
+    contenders, skipped = available_contenders(contenders)
+    for c, why in skipped.items():
+        print(f"contender {c} left out: {why}", file=sys.stderr)
     timer = Timer()
     arch = arch_of_device(cupy.cuda.runtime.getDevice())
     sms = launch.sm_count(cupy.cuda.runtime.getDevice())
@@ -165,8 +193,11 @@ def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, co
     done = 0
     npdt = numpy_dtype(dtype)
     for model, name, K, N in shapes:
-        wq = rotated_weights(rng, K, N, group_size, dtype, rotate_mb)
+        t = random_gemm_tensors(rng, K, N, group_size)
+        wq = rotated_weights(rng, K, N, group_size, dtype, rotate_mb, tensors=t)
         w0, nq, G = wq[0], len(wq), wq[0].group_size
+        peer_calls = {c: PEERS[c].prepare([(t["qweight"], t["qzeros"], t["scales"])] * nq, K, N, G, dtype)
+                      for c in contenders if c in PEERS}   # same weights as awq_cupy's, as many copies
         dense = awq_cupy.dequantize(w0)
         nd = max(2, -(-rotate_mb * 2**20 // dense.nbytes))
         wd = [dense] + [dense.copy() for _ in range(nd - 1)] if "cublas_fp16" in contenders else [dense]
@@ -195,6 +226,7 @@ def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, co
                                                       wgmma=True),
                 "cublas_fp16": lambda i: cupy.matmul(x, wd[i % len(wd)], out=y),
                 "dequant_cublas": lambda i: cupy.matmul(x, awq_cupy.dequantize(wq[i % nq], out=scratch), out=y),
+                **{c: (lambda p: lambda i: p(i, x, y))(p) for c, p in peer_calls.items()},
             }
             res = {}
             for c in contenders:
@@ -221,7 +253,7 @@ def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, co
             if progress:
                 msg = "  ".join(f"{c} {us:8.1f}us" for c, (us, _) in res.items())
                 print(f"[{done:3d}/{total}] {model} {name:8s} M={M:5d}  {msg}", file=sys.stderr, flush=True)
-        wq = wd = dense = scratch = calls = None   # release this layer's copies before the next layer
+        wq = wd = dense = scratch = calls = peer_calls = None   # release this layer's copies before the next layer
         cupy.get_default_memory_pool().free_all_blocks()
     return rows
 
@@ -312,6 +344,7 @@ def main(args) -> int:
             models = ["mistral-7b"] if args.quick else args.models
         print(f"benchmarking on {env['gpu']}: {len(ms)} values of M, dtype {args.dtype}, group {args.group_size}",
               file=sys.stderr)
+        result.update(skipped_contenders=available_contenders(args.contenders)[1])   # run() prints why
         rows = run(models, ms, dtype=args.dtype, group_size=args.group_size, trials=3 if args.quick else args.trials,
                    rotate_mb=args.rotate_mb, contenders=tuple(args.contenders))
         result.update(method=__doc__.split("Method", 1)[1].strip(), dtype=args.dtype, group_size=args.group_size,

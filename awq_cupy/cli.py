@@ -249,6 +249,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help="with --source: another folder for #include \"...\" (the file's own folder comes first)")
     c.set_defaults(func=_cmd_compile)
     from .bench import CONTENDERS, MODELS, PATHS
+    from .peers import PEERS
 
     b = sub.add_parser("bench", help="benchmark against cuBLAS fp16 on the GPU (the project's main job)",
                        description="Per-layer kernel times and the decode step against cuBLAS fp16, in one run "
@@ -267,9 +268,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     b.add_argument("--rotate-mb", type=_positive, default=512,
                    help="MB of weight copies rotated per contender, so each call reads cold weights "
                         "(default: %(default)s)")
-    b.add_argument("--contenders", nargs="+", choices=CONTENDERS + PATHS, default=list(CONTENDERS),
+    b.add_argument("--contenders", nargs="+", choices=CONTENDERS + PATHS + tuple(PEERS), default=list(CONTENDERS),
                    help="what to time (default: %(default)s); gemv1..gemv4, gemv2x2 (pairs of two 64-k blocks), gemm "
-                        "force one awq_cupy path")
+                        "force one awq_cupy path; " + ", ".join(PEERS) + ": another library, where it and torch "
+                        "import (left out with the reason otherwise)")
     b.add_argument("--decode", action="store_true",
                    help="only the decode step (eager and CUDA graph against cuBLAS fp16) and the host us per call")
     b.add_argument("--no-decode", dest="no_decode", action="store_true",

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # One device call of steps, in order: bash bench/device/run.sh decode same_bits gpu_tests sanitize probes examples bench_quick
 # Logs under $OUT; a short summary at the end. same_bits needs the tree to compare against in .old/ (carry it).
+# Wheels in .whl/ (carry it) are installed for the run: the peers of bench_peer (humming-kernels).
 cd "$(dirname "$0")/../.." || exit 1   # the repo root: the paths below and .old/ are relative to it
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+if ls .whl/*.whl > /dev/null 2>&1; then   # peers' wheels (bench --contenders humming), carried as .whl
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl > "$OUT/wheels.log" 2>&1 || cat "$OUT/wheels.log"
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
 summary=()
 for step in "$@"; do
@@ -43,6 +48,13 @@ for step in "$@"; do
               grep -E "eager|replay|RTN|AWQ|fused|Error|error" "$OUT/examples.log" ;;
     bench_quick) python3 -m awq_cupy bench --quick --no-decode --json "$OUT/bench.json" --plot "$OUT/bench.png" > "$OUT/bench.log" 2>&1; rc=$?
                  grep -A40 "^sum over" "$OUT/bench.log" | head -20 ;;
+    bench_peer) rc=0   # prefill M against the peers, both models; PEER_DTYPES (default: float16 bfloat16)
+                for dt in ${PEER_DTYPES:-float16 bfloat16}; do
+                  python3 -m awq_cupy bench --no-decode --dtype $dt --m ${PEER_M:-128,256,512,1024,2048,4096} \
+                    --contenders awq_cupy cublas_fp16 ${PEERS:-humming} --trials ${PEER_TRIALS:-3} \
+                    --json "$OUT/bench_peer_$dt.json" --plot "$OUT/bench_peer_$dt.png" > "$OUT/bench_peer_$dt.log" 2>&1 || rc=1
+                  grep -B1 -A60 "^sum over" "$OUT/bench_peer_$dt.log" | grep -v "^--" | head -60
+                done ;;
     bench_full) python3 -m awq_cupy bench --json "$OUT/bench_full.json" --plot "$OUT/bench_full.png" > "$OUT/bench_full.log" 2>&1; rc=$?
                 grep -A60 "^sum over" "$OUT/bench_full.log" | head -60 ;;
     *) echo "unknown step $step"; rc=2 ;;
