@@ -232,18 +232,31 @@ def prepare_gemm(w, M: int, kind: str, arch, sms: int, stream: int, *, batch_inv
                                (256,), (NULL, xin, as_i32(M), as_i32(w.K), as_i32(w.KS), as_i32(BM),
                                         np.int64(chunks), plans.fastdiv(w.KS)), pdl=pdl, stream=stream))
     gk = kernel(plan.variant(kind), dev)
-    g = len(launches)
-    launches.append(Launch(gk, plan.grid, (32 * GEMM_WARPS,),
-                           (xin, w.qtiles, w.scales, w.zeros, NULL, NULL, ws, as_i32(M), as_i32(w.N), as_i32(w.K),
-                            as_i32(plan.NT16), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(Np),
-                            as_i32(plan.per)), smem=plan.smem, pdl=pdl, stream=stream))
-    y_slots, b_slots = [(g, 5)], [(g, 4)]
-    if plan.splits > 1:
+
+    def gemm(grid, per, ws, blk_base, ws_ld):
+        launches.append(Launch(gk, grid, (32 * GEMM_WARPS,),
+                               (xin, w.qtiles, w.scales, w.zeros, NULL, NULL, ws, as_i32(M), as_i32(w.N),
+                                as_i32(w.K), as_i32(plan.NT16), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG),
+                                as_i32(Np), as_i32(per), as_i32(blk_base), as_i32(ws_ld)),
+                               smem=plan.smem, pdl=pdl, stream=stream))
+
+    y_slots, b_slots = [(len(launches), 5)], [(len(launches), 4)]
+    gemm(plan.grid, plan.per, ws, 0, Np)
+    splits, n0 = plan.splits, 0
+    if plan.tail is not None:   # the last column tiles, split, into a workspace of their own columns
+        if not plan.wgmma:
+            raise ValueError("a tail launch is planned for the wgmma GEMM only (x comes from its tile pass)")
+        splits, n0 = plan.tail.splits, 16 * plan.tail_block0
+        ws_ld = Np - n0
+        ws = workspace(splits * M * ws_ld, dev, stream)
+        gemm(plan.tail_grid, plan.tail.per, ws, plan.tail_block0, ws_ld)
+    if splits > 1:
         cols = plan.reduce_cols
-        items = M * w.N // cols
+        items = M * (w.N - n0) // cols
         r = len(launches)
         launches.append(Launch(kernel(ReduceVariant(kind, cols), dev), (min(-(-items // 256), 4096),),
-                               (256,), (ws, NULL, NULL, as_i32(M), as_i32(w.N), as_i32(Np), as_i32(plan.splits)),
+                               (256,), (ws, NULL, NULL, as_i32(M), as_i32(w.N), as_i32(Np - n0), as_i32(splits),
+                                        as_i32(n0)),
                                pdl=pdl, stream=stream))
         y_slots.append((r, 2))
         b_slots.append((r, 1))
@@ -286,7 +299,7 @@ def run_gemv(x2, w, bias_arg, y2, M, kind, sms, tiles=None, warps=None, kdepth=N
 
 def run_gemm(x2, w, bias_arg, y2, M, kind, arch, sms, batch_invariant, **force) -> None:
     """One fused GEMM call with forced choices (plans.plan_gemm_launch's ``tiles``, ``splits``, ``wgmma``,
-    ``depth``, ``pend``, ``reduce_cols``, ``ksplit``): for ``tune``, the benchmark's per-path contenders and probes.
+    ``depth``, ``pend``, ``reduce_cols``, ``ksplit``, ``tail``): for ``tune``, the benchmark's per-path contenders and probes.
     Prepares afresh on every call."""
     import cupy
 

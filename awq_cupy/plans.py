@@ -57,12 +57,25 @@ class GemvPlan:
 
 
 @dataclass(frozen=True)
+class TailSplit:
+    """The fused GEMM's last column tiles, launched apart with split-K (``GemmPlan.tail_grid``): the column tiles
+    from ``first`` on, in ``splits`` of ``per`` 64-k units each, summed by the reduce kernel over their columns
+    only. The tiles before ``first`` run unsplit in whole waves."""
+    first: int
+    splits: int
+    per: int
+
+
+@dataclass(frozen=True)
 class GemmPlan:
     """Launch plan of the fused GEMM: the ``wgmma`` kernel (kernels_cu/gemm_wg.cu) or the mma.sync one
     (gemm_tc.cu); its shape (``token_blocks`` of 8 rows, ``tiles`` 16-column blocks per warp, ``depth`` units in
     registers), ``aligned`` groups, ``grid`` (column CTAs, splits, token tiles), ``splits`` of ``per`` 64-k units,
     ``smem`` bytes, ``NT16`` 16-column blocks, ``ksplit`` K streams per CTA; ``pend`` the wgmma PEND variant when
-    not the default (None), ``reduce_cols`` the split-K reduce kernel's columns per thread (0 without a split)."""
+    not the default (None), ``reduce_cols`` the split-K reduce kernel's columns per thread (0 without a split).
+    With a ``tail``, ``grid`` is the first launch's (whole waves of unsplit column tiles, ``splits`` = 1) and the
+    ``tail_ctas`` column tiles after it are a second, split launch (``tail_grid``) whose reduce takes
+    ``reduce_cols``."""
     wgmma: bool
     token_blocks: int
     tiles: int
@@ -76,6 +89,25 @@ class GemmPlan:
     ksplit: int = 1
     pend: int | None = None
     reduce_cols: int = 0
+    tail: TailSplit | None = None
+    tail_ctas: int = 0      # column tiles of the tail launch (0 without a tail)
+
+    @property
+    def tail_grid(self) -> tuple:
+        """The tail launch's grid (column tiles, splits, token tiles); () without a tail."""
+        return (self.tail_ctas, self.tail.splits, self.grid[2]) if self.tail is not None else ()
+
+    @property
+    def ctas(self) -> int:
+        """CTAs of the GEMM launches, the tail's included."""
+        return math.prod(self.grid) + (math.prod(self.tail_grid) if self.tail is not None else 0)
+
+    @property
+    def tail_block0(self) -> int:
+        """The tail launch's first 16-column block (its ``blk_base``); 0 without a tail."""
+        from .kernels import GEMM_WARPS
+
+        return self.tail.first * (GEMM_WARPS // self.ksplit) * self.tiles if self.tail is not None else 0
 
     def variant(self, dtype: str):
         """The kernel variant (kernels.WgmmaVariant or kernels.GemmVariant) this plan launches."""
@@ -117,13 +149,13 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
                      resident: Callable[[object, int], int], *, batch_invariant: bool = False,
                      tiles: int | None = None, splits: int | None = None, wgmma: bool | None = None,
                      depth: int | None = None, pend: int | None = None, reduce_cols: int | None = None,
-                     ksplit: int | None = None) -> GemmPlan:
+                     ksplit: int | None = None, tail: bool | None = None) -> GemmPlan:
     """The fused GEMM's whole launch plan for M rows, variant included: the wgmma kernel where ``uses_wgmma``
     (or ``wgmma``), its shape for M (``gemm_shape_for``), split-K planned over the CTAs the GPU holds at once
     (``resident(variant, smem)``: CTAs of that kernel one SM holds; batch-invariant calls plan for one
     per SM so that no variant's occupancy enters), two K streams where ``wgmma_ksplit`` says so, the two-CTAs-per-SM
     PEND variant where ``wgmma_pend`` does, and the reduce kernel's columns (``reduce_columns``). The other
-    arguments force a choice (for tuning and probes)."""
+    arguments force a choice (for tuning and probes); ``tail`` as for ``plan_gemm``."""
     from .kernels import GemmVariant, WgmmaVariant
 
     wg = uses_wgmma(arch, None if batch_invariant else M) if wgmma is None else wgmma
@@ -133,7 +165,7 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
     def planned(variant, ks) -> GemmPlan:
         res = sm_count if batch_invariant else resident(variant, variant.smem_bytes) * sm_count
         return plan_gemm(M, K, N, group_size, wgmma=wg, sm_count=sm_count, resident=res, tiles=tw, splits=splits,
-                         batch_invariant=batch_invariant, depth=depth, ksplit=ks)
+                         batch_invariant=batch_invariant, depth=depth, ksplit=ks, tail=tail)
 
     chosen_pend = pend
     if wg:
@@ -141,7 +173,7 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
             ksplit = 1
         ks = 1 if ksplit is None else ksplit      # None: the plan chooses (wgmma_ksplit)
         p = planned(WgmmaVariant(dtype, nb, tw, depth, aligned, pend, ks), ksplit)
-        two = (wgmma_pend((nb, tw, depth), math.prod(p.grid), sm_count, batch_invariant)
+        two = (wgmma_pend((nb, tw, depth), p.ctas, sm_count, batch_invariant)
                if pend is None and p.ksplit == 1 else None)
         if two is not None:
             chosen_pend = two
@@ -149,8 +181,8 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
     else:
         p = planned(GemmVariant(dtype, nb, tw, depth, aligned), 1)
     cols = 0
-    if p.splits > 1:
-        cols = reduce_columns(M, N, sm_count) if reduce_cols is None else reduce_cols
+    if p.splits > 1 or p.tail is not None:   # a tail's reduce covers its own columns only
+        cols = (reduce_columns(M, N - 16 * p.tail_block0, sm_count) if reduce_cols is None else reduce_cols)
     return dataclasses.replace(p, pend=chosen_pend if wg else None, reduce_cols=cols)
 
 
@@ -269,8 +301,9 @@ def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> boo
         return True
     nb, tw, _ = gemm_shape_for(M, wgmma=True)
     Kp, Np = padded_sizes(K, N)
-    fused = split_cost(Kp // 64, -(-(Np // 16) // (GEMM_WARPS * tw)), -(-M // (8 * nb)), resident=sm_count, M=M,
-                       Np=Np, stage_us=row.fused_unit_us, min_per=2, per_sm=1)[0]
+    grid = (Kp // 64, -(-(Np // 16) // (GEMM_WARPS * tw)), -(-M // (8 * nb)))
+    kw = dict(resident=sm_count, M=M, Np=Np, stage_us=row.fused_unit_us, min_per=2, per_sm=1)
+    fused = split_cost(*grid, **kw)[0]
     dense = K * N * 2.5 / (row.dequant_tbps * 1e6) + 2.0 * M * K * N / (row.cublas_tflops * 1e6)
     return dense < fused
 
@@ -550,12 +583,15 @@ def gemm_shape_for(M: int, tiles: int | None = None, *, wgmma: bool = False,
 
 def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, sm_count: int = 132,
               resident: int | None = None, tiles: int | None = None, splits: int | None = None,
-              batch_invariant: bool = False, depth: int | None = None, ksplit: int | None = None) -> GemmPlan:
+              batch_invariant: bool = False, depth: int | None = None, ksplit: int | None = None,
+              tail: bool | None = None) -> GemmPlan:
     """Launch plan of the GEMM (wgmma: the sm_90a kernel, else the mma.sync one), with the default PEND variant.
     ``resident`` = CTAs the GPU holds at once (default one per
     SM). Split-K from ``plan_splits`` with the unit-time model unless ``splits`` is given. ``batch_invariant``: the
     split count is planned for one 16-row token tile whatever M is, so a row's result does not depend on M.
-    ``ksplit``: K streams per CTA of the wgmma GEMM (1 or 2); None chooses by ``wgmma_ksplit``."""
+    ``ksplit``: K streams per CTA of the wgmma GEMM (1 or 2); None chooses by ``wgmma_ksplit``. ``tail``: a
+    split tail launch (``TailSplit``) where ``tail_split_cost`` models it faster (None), never (False) or always
+    where the grid has one (True, for tests and A/B runs); only for the one-stream wgmma GEMM with planned splits."""
     from .kernels import GEMM_WARPS, GemmVariant, WgmmaVariant
     from .layout import padded_sizes
 
@@ -564,9 +600,12 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
     nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wgmma, depth=depth)
     if ksplit is None:
         one = plan_gemm(M, K, N, group_size, wgmma=wgmma, sm_count=sm_count, resident=resident, tiles=tiles,
-                        splits=splits, batch_invariant=batch_invariant, depth=depth, ksplit=1)
+                        splits=splits, batch_invariant=batch_invariant, depth=depth, ksplit=1, tail=False)
         if wgmma_ksplit(one, wgmma, batch_invariant, splits is not None) == 1:
-            return one
+            if tail is False:
+                return one
+            return plan_gemm(M, K, N, group_size, wgmma=wgmma, sm_count=sm_count, resident=resident, tiles=tiles,
+                             splits=splits, batch_invariant=batch_invariant, depth=depth, ksplit=1, tail=tail)
         ksplit, splits = 2, 1
     if ksplit not in (1, 2) or (ksplit == 2 and not wgmma):
         raise ValueError(f"ksplit={ksplit}: 1, or 2 (two K streams per CTA) for the wgmma GEMM")
@@ -576,6 +615,7 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
     m_tiles = -(-M // (8 * nb))
     res = sm_count if resident is None else resident
     share = _WG_SHARE if wgmma else _SHARE
+    splits_forced = splits is not None
     if splits is not None:
         if not 1 <= splits <= KS:
             raise ValueError(f"splits={splits} must be 1 to {KS} (the 64-k units of K={K})")
@@ -592,8 +632,57 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
                                   per_sm=res // sm_count, share=share)
     NG = max(1, K // group_size)
     smem = (WgmmaVariant if wgmma else GemmVariant)("float16", nb, tw, depth, True).smem_bytes
-    return GemmPlan(wgmma=bool(wgmma), token_blocks=nb, tiles=tw, depth=depth, aligned=aligned_groups(group_size, NG),
+    plan = GemmPlan(wgmma=bool(wgmma), token_blocks=nb, tiles=tw, depth=depth, aligned=aligned_groups(group_size, NG),
                     grid=(n_ctas, splits, m_tiles), splits=splits, per=per, smem=smem, NT16=NT16, ksplit=ksplit)
+    if tail is False or not wgmma or ksplit != 1 or batch_invariant or splits_forced or nb < _TAIL_MIN_NB:
+        return plan
+    unit = 16 * GEMM_WARPS * tw     # channels per column tile
+    kw = dict(resident=res, M=M, Np=Np, stage_us=_unit_us(nb, tw, wgmma), min_per=2, per_sm=res // sm_count,
+              share=share, cols_per_tile=unit)
+    t_tail, first, t_splits, t_per = tail_split_cost(KS, n_ctas, m_tiles, **kw)
+    if first == 0 or (tail is None and not t_tail < _TAIL_GAIN * split_cost(KS, n_ctas, m_tiles, **{
+            k: v for k, v in kw.items() if k != "cols_per_tile"})[0]):
+        return plan
+    return dataclasses.replace(plan, grid=(first, 1, m_tiles), splits=1, per=KS,
+                               tail=TailSplit(first, t_splits, t_per), tail_ctas=n_ctas - first)
+
+
+# A tail launch is planned only where it is modelled at least this much faster than the one-launch plan: the model
+# has no term for a second GEMM's start, and a near tie is not worth the changed sums.
+_TAIL_GAIN = 0.97
+# Token tiles of at least this many blocks of 8 (128 rows): the smaller tiles' grids were not measured with a tail
+_TAIL_MIN_NB = 16
+# A second GEMM launch behind the first (PDL overlaps its start with the first's last CTAs)
+_TAIL_LAUNCH_US = 1.0
+
+
+@functools.lru_cache(maxsize=4096)
+def tail_split_cost(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: int, Np: int, stage_us: float,
+                    min_per: int, per_sm: int, share: float, cols_per_tile: int) -> tuple[float, int, int, int]:
+    """(modelled us, first tail column tile, tail splits, units per tail split) of the fused GEMM run as whole waves
+    of unsplit column tiles, then the other column tiles split K ways in a second launch (the split and its
+    partials and reduce modelled by ``split_cost`` over those tiles' columns). Grids that are one wave or less, or
+    whose remainder does not split, give ``first`` = 0 (no tail plan). The wave count of the first launch is
+    searched too: one wave fewer can leave a tail that splits better."""
+    per_sm = max(1, per_sm)
+    tiles = n_ctas * m_tiles
+    full = tiles // resident
+    wave_us = K_stages * stage_us * (1 + share * (per_sm - 1))
+    best = (float("inf"), 0, 1, K_stages)
+    for waves in range(1, full + 1):
+        first = waves * resident // m_tiles
+        if not 0 < first < n_ctas:
+            continue
+        main = -(-first * m_tiles // resident) * wave_us
+        cols = min(Np - first * cols_per_tile, (n_ctas - first) * cols_per_tile)
+        t, splits, per = split_cost(K_stages, n_ctas - first, m_tiles, resident=resident, M=M, Np=cols,
+                                    stage_us=stage_us, min_per=min_per, per_sm=per_sm, share=share)
+        if splits < 2:
+            continue
+        t += main + _TAIL_LAUNCH_US
+        if t < best[0] - 1e-9:
+            best = (t, first, splits, per)
+    return best
 
 
 # Two K streams per CTA replace a two-way split-K on token tiles of at least _KSPLIT_MIN_NB blocks of 8 when each

@@ -21,23 +21,25 @@
 // adding them before the next load would make a chain of L2 round trips per thread (docs/design.md §Split-K reduce).
 template <typename T, int C>
 __global__ void __launch_bounds__(256) awq_splitk_reduce_kernel(
-    const float* __restrict__ ws,  // [splits, M, Np]
+    const float* __restrict__ ws,  // [splits, M, ws_ld]: columns n0..N-1
     const T* __restrict__ bias,    // [N] or nullptr
     T* __restrict__ y,             // [M, N]
-    int M, int N, int Np, int splits) {
+    int M, int N, int ws_ld, int splits,
+    int n0) {                      // first column reduced (a multiple of 8; 0 unless the GEMM split only its tail)
   static_assert(C == 2 || C == 4 || C == 8, "2, 4 or 8 columns per thread");
   constexpr int RS = 16 / C;      // splits requested together: 64 bytes per thread
   constexpr int V = C / 2;        // float2 per split
   pdl_trigger();
   pdl_wait();   // the partials come from the GEMM launched just before
-  const int nc = N / C;
+  const int nc = (N - n0) / C;
   const long long items = (long long)M * nc;
-  const long long split_stride = (long long)M * Np;
+  const long long split_stride = (long long)M * ws_ld;
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < items;
        i += (long long)gridDim.x * blockDim.x) {
     const int m = (int)(i / nc);
-    const int n = C * (int)(i - (long long)m * nc);
-    const float* src = ws + (long long)m * Np + n;
+    const int c = C * (int)(i - (long long)m * nc);
+    const int n = n0 + c;
+    const float* src = ws + (long long)m * ws_ld + c;
     float v[C];
 #pragma unroll
     for (int e = 0; e < C; ++e) v[e] = 0.f;
@@ -124,7 +126,9 @@ __global__ void __launch_bounds__(awq_sw::THREADS, 1) awq_gemm_sw_kernel(
     int M, int N, int K,              // problem size
     int NT16, int KS,                 // 16-column blocks, 64-k units per block
     int G, int NG, int Np,            // group size, number of groups, padded N
-    int units_per_split) {
+    int units_per_split,
+    int blk_base,                     // the grid's first 16-column block (0, or a tail launch's first)
+    int ws_ld) {                      // floats per row of ws (its columns start at channel 16 blk_base)
   using namespace awq_sw;
   pdl_trigger();   // the split-K reduce may launch now: it waits for this grid before reading the partials
   pdl_wait();      // x may come from the previous kernel (x and weights are loaded together here)
@@ -138,7 +142,7 @@ __global__ void __launch_bounds__(awq_sw::THREADS, 1) awq_gemm_sw_kernel(
   const int m0 = blockIdx.z * BM;
   const int ub = blockIdx.y * units_per_split;
   const int n = min(KS, ub + units_per_split) - ub;      // units of this split (>= 1 by the plan)
-  const int blk0 = (blockIdx.x * WARPS + warp) * TW;      // this warp's first 16-column block
+  const int blk0 = blk_base + (blockIdx.x * WARPS + warp) * TW;   // this warp's first 16-column block
   const bool active = blk0 < NT16;
   const u32 smem0 = smem_addr(smem);
   Stream units(x, qtiles, scales, zeros, M, K, NT16, KS, G, NG, Np, m0, ub, blk0, tid, lane);
@@ -204,6 +208,6 @@ __global__ void __launch_bounds__(awq_sw::THREADS, 1) awq_gemm_sw_kernel(
   }
   if (!active) return;
 
-  store_swapped_tile<T, TW, NB>([&](int i, int j, int e) { return acc[i][j][e]; }, bias, y, ws, M, N, Np, m0, blk0,
+  store_swapped_tile<T, TW, NB>([&](int i, int j, int e) { return acc[i][j][e]; }, bias, y, ws, M, N, ws_ld, 16 * blk_base, m0, blk0,
                                 units.nvalid, lane);
 }

@@ -117,7 +117,9 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
     int M, int N, int K,              // problem size
     int NT16, int KS,                 // 16-column blocks, 64-k units per block
     int G, int NG, int Np,            // group size, number of groups, padded N
-    int units_per_split) {
+    int units_per_split,
+    int blk_base,                     // the grid's first 16-column block (0, or a tail launch's first)
+    int ws_ld) {                      // floats per row of ws (its columns start at channel 16 blk_base)
   using namespace awq_wg;
   static_assert(P >= 2, "two batches of at least one unit");
   constexpr int BM = 8 * NB, SZ = GA ? 1 : 2, R = BM / 2;
@@ -146,7 +148,7 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
   const int half = (n_split + KW - 1) / KW;
   const int ub = ub_split + kg * half;                    // this K stream's first unit
   const int n = max(0, min(n_split, (kg + 1) * half) - kg * half);   // and its units (KW = 2: may be 0)
-  const int blk0 = (blockIdx.x * (WARPS / KW) + (KW == 2 ? warp & 3 : warp)) * TW;   // this warp's first block
+  const int blk0 = blk_base + (blockIdx.x * (WARPS / KW) + (KW == 2 ? warp & 3 : warp)) * TW;   // its first block
   // every warp of a warpgroup issues its wgmmas; blocks past NT16 load zeros and are not stored
   Stream units(nullptr, qtiles, scales, zeros, M, K, NT16, KS, G, NG, Np, m0, ub, blk0, tid, lane);
   const T* xsrc = xt + ((long long)blockIdx.z * KS + ub) * (BM * 64);   // this K stream's first x tile
@@ -270,6 +272,6 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
 #pragma unroll
       for (int e = 0; e < R; ++e) acc[i][e] += hand[(i * R + e) * 128 + ktid];
   }
-  store_swapped_tile<T, TW, NB>([&](int i, int j, int e) { return acc[i][4 * j + e]; }, bias, y, ws, M, N, Np, m0,
+  store_swapped_tile<T, TW, NB>([&](int i, int j, int e) { return acc[i][4 * j + e]; }, bias, y, ws, M, N, ws_ld, 16 * blk_base, m0,
                                 blk0, units.nvalid, lane);
 }

@@ -780,17 +780,75 @@ def test_every_gemm_shape_is_reachable_and_every_tile_has_a_default(wgmma):
 def test_plan_gemm_covers_the_output_and_k(K, N, M, wgmma):
     p = plan_gemm(M, K, N, 128 if K % 128 == 0 else K, wgmma=wgmma)
     n_ctas, splits, m_tiles = p.grid
+    n_ctas += p.tail_ctas                    # a tail launch takes the last column tiles
     per_cta = 8 // p.ksplit * p.tiles * 16   # channels per CTA: two K streams share a warpgroup's channels
     assert n_ctas * per_cta >= N > (n_ctas - 1) * per_cta
     assert m_tiles * 8 * p.token_blocks >= M > (m_tiles - 1) * 8 * p.token_blocks
     KS = -(-K // 64)
     assert splits == p.splits and (splits - 1) * p.per < KS <= splits * p.per
+    if p.tail is not None:
+        t = p.tail
+        assert p.splits == 1 and t.first == p.grid[0] and p.tail_grid == (p.tail_ctas, t.splits, m_tiles)
+        assert t.splits >= 2 and (t.splits - 1) * t.per < KS <= t.splits * t.per
+        assert p.tail_block0 == t.first * per_cta // 16
 
 
 @pytest.mark.parametrize("wgmma", [False, True])
 def test_plan_gemm_batch_invariant_split_ignores_m(wgmma):
     plans = {M: plan_gemm(M, 8192, 1024, 128, batch_invariant=True, wgmma=wgmma) for M in (1, 2, 17, 64, 300)}
     assert len({(p.splits, p.per) for p in plans.values()}) == 1
+
+
+# Grids the tail launch is planned for (H200, 132 SMs, one 256-token CTA per SM): a remainder of column tiles past
+# whole waves that splits into one wave. (model, layer, K, N, M): (first tail column tile, tail splits)
+_TAILS = {("mistral-7b", "gate_up", 4096, 28672, 512): (198, 2), ("mistral-7b", "qkv", 4096, 6144, 1024): (33, 2),
+          ("llama-2-70b", "gate_up", 8192, 57344, 256): (396, 2), ("llama-2-70b", "qkv", 8192, 10240, 512): (66, 4),
+          ("llama-2-70b", "qkv", 8192, 10240, 1024): (66, 2)}
+
+
+def test_plan_gemm_tail_where_the_last_wave_is_partial():
+    from awq_cupy import jit
+    from awq_cupy.bench import MODELS
+    from awq_cupy.plans import plan_gemm_launch
+
+    def resident(variant, smem):   # the H200's: the 128-token tile's PEND 2 variant and the smaller tiles two per SM
+        return 2 if variant.token_blocks < 16 or variant.pend == 2 else 1
+
+    for model, layers in MODELS.items():
+        for name, K, N in layers:
+            for M in (64, 128, 256, 512, 1024, 2048, 4096):
+                for dtype in ("float16", "bfloat16"):
+                    p = plan_gemm_launch(M, K, N, 128, dtype, jit.ARCHS["90a"], 132, resident, wgmma=True)
+                    got = (p.tail.first, p.tail.splits) if p.tail is not None else None
+                    assert got == _TAILS.get((model, name, K, N, M)), (model, name, M, p)
+                    assert p.tail is None or p.reduce_cols in (2, 4, 8)   # the tail's reduce is planned
+                    assert plan_gemm(M, K, N, 128, wgmma=True, tail=False).tail is None
+
+
+def test_plan_gemm_tail_only_where_it_applies():
+    # Llama-2-70B gate_up at M = 256: 448 column tiles, 396 of them in three whole waves
+    base = dict(wgmma=True)
+    assert plan_gemm(256, 8192, 57344, 128, **base).tail is not None
+    assert plan_gemm(256, 8192, 57344, 128, wgmma=False).tail is None             # mma.sync: x has no tile pass
+    assert plan_gemm(256, 8192, 57344, 128, batch_invariant=True, **base).tail is None   # sums must not depend on M
+    assert plan_gemm(256, 8192, 57344, 128, splits=2, **base).tail is None         # a forced split is kept
+    assert plan_gemm(256, 8192, 57344, 128, ksplit=2, **base).tail is None         # two K streams: no tail variant
+    assert plan_gemm(16, 4096, 4096, 128, tail=True, **base).tail is None           # one wave: nothing to split off
+    assert plan_gemm(64, 8192, 57344, 128, tail=True, **base).tail is None          # tiles below 128 tokens
+    forced = plan_gemm(4096, 4096, 28672, 128, tail=True, **base)                   # modelled 1.7% faster only
+    assert forced.tail is not None and plan_gemm(4096, 4096, 28672, 128, **base).tail is None
+
+
+def test_tail_split_cost_models_whole_waves_then_one_split_wave():
+    from awq_cupy.plans import tail_split_cost
+
+    kw = dict(resident=132, M=256, Np=57344, stage_us=0.78, min_per=2, per_sm=1, share=0.1, cols_per_tile=128)
+    t, first, splits, per = tail_split_cost(128, 448, 1, **kw)
+    assert (first, splits, per) == (396, 2, 64)           # 3 waves, then 52 tiles x 2 splits in one wave
+    partials = 2 * 256 * (52 * 128) * 8 / 4e6             # written and read at 4 TB/s
+    assert t == pytest.approx((3 * 128 + 64) * 0.78 + partials + 4.0 + 1.0)   # + the reduce and the second start
+    assert tail_split_cost(128, 132, 1, **kw)[1] == 0       # exactly one wave
+    assert tail_split_cost(128, 100, 1, **kw)[1] == 0       # less than one
 
 
 def test_plan_gemm_rejects_bad_arguments():

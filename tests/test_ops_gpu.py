@@ -459,9 +459,9 @@ def test_gemv_compiled_for_the_launch_shape(rng, K, N, G, kind, monkeypatch):
 # ---------------------------------------------------------------------------------------------------------------
 # The swapped GEMM (M > 12): every variant, forced split counts, awkward shapes
 # ---------------------------------------------------------------------------------------------------------------
-def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False, pend=None, reduce_cols=None, ksplit=1):
+def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False, pend=None, reduce_cols=None, ksplit=1, tail=None):
     """Run the GEMM (the wgmma or the mma.sync kernel) with ``tiles`` column blocks per warp (and ``splits``, the
-    wgmma kernel's ``pend``, the split-K reduce kernel's columns per thread)."""
+    wgmma kernel's ``pend``, the split-K reduce kernel's columns per thread, a forced ``tail`` launch)."""
     from awq_cupy import launch
     from awq_cupy.jit import arch_of_device
 
@@ -470,7 +470,8 @@ def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False, pend=None, reduce_co
     y = cp.full((M, w.N), np.nan, dtype=xg.dtype)
     b = cp.asarray(bias) if bias is not None else launch.NULL
     launch.run_gemm(xg, w, b, y, M, w.dtype, arch_of_device(w.device), launch.sm_count(w.device), False,
-                     tiles=tiles, splits=splits, wgmma=wgmma, pend=pend, reduce_cols=reduce_cols, ksplit=ksplit)
+                     tiles=tiles, splits=splits, wgmma=wgmma, pend=pend, reduce_cols=reduce_cols, ksplit=ksplit,
+                     tail=tail)
     return y.get()
 
 
@@ -517,6 +518,37 @@ def test_gemm_variants_against_reference(rng, path, shape, K, N, G, kind):
         x = random_x(rng, M, K, kind)
         assert_matmul_close(_gemm(x, w, tw, splits, bias, wg), x, W64, kind, bias=bias,
                             what=f"GEMM {path} {shape} splits={splits} {K}x{N} G={G} M={M} {kind}")
+
+
+# More column tiles than one wave of 256-token CTAs holds: K not a multiple of 64 with one group, N not a multiple
+# of the 128-column tile (the tail's last tile has 8 columns), G = 128 with a tail of a few tiles
+@pytest.mark.parametrize("K,N,G", [(520, 18824, -1), (1024, 17416, 128)])
+@pytest.mark.parametrize("kind", ["float16", "bfloat16"])
+def test_gemm_tail_launch_against_reference(rng, K, N, G, kind):
+    """The wgmma GEMM as whole waves of unsplit column tiles plus a split tail launch (plans.TailSplit): against
+    the reference with and without bias, and the unsplit columns bitwise those of the one-launch plan."""
+    from awq_cupy import launch, plans
+    from awq_cupy.jit import arch_of_device
+
+    if not _has_wgmma():
+        pytest.skip("the wgmma GEMM needs compute capability 9.0")
+    Q, Z, S, G = random_layer(rng, K, N, G)
+    w = _weight(Q, Z, S, G, kind)
+    W64 = kernel_weight(Q, Z, S, G, kind)
+    bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
+    arch, sms = arch_of_device(w.device), launch.sm_count(w.device)
+    for M in (257, 300, 512):
+        p = plans.plan_gemm_launch(M, K, N, G, kind, arch, sms, launch._resident(w.device), wgmma=True, tail=True)
+        q = plans.plan_gemm_launch(M, K, N, G, kind, arch, sms, launch._resident(w.device), wgmma=True, tail=False)
+        assert p.tail is not None and p.tail.splits >= 2 and q.splits == 1, (p, q)
+        x = random_x(rng, M, K, kind)
+        for b in (None, bias):
+            what = f"tail {K}x{N} G={G} M={M} bias={b is not None} {kind} {p}"
+            y = _gemm(x, w, None, None, b, True, tail=True)
+            assert_matmul_close(y, x, W64, kind, bias=b, what=what)
+            n0 = 16 * p.tail_block0
+            one = _gemm(x, w, None, None, b, True, tail=False)
+            np.testing.assert_array_equal(y[:, :n0].view(np.uint16), one[:, :n0].view(np.uint16), err_msg=what)
 
 
 @pytest.mark.parametrize("path", ["mma", "wgmma"])

@@ -68,6 +68,21 @@ for K, N, G, kinds in [(24, 8, -1, ("float16", "bfloat16")), (96, 72, 32, ("floa
                 y = cp.empty((M, N), dtype=x.dtype)
                 launch.run_gemm(x, w, bias, y, M, kind, arch_of_device(w.device), launch.sm_count(w.device), False,
                                  splits=min(5, w.KS), wgmma=False, reduce_cols=cols)
+# The wgmma GEMM with a split tail launch (plans.TailSplit): more column tiles than a wave of 256-token CTAs, the
+# last tile 8 columns wide, the last token tile partial
+if plans.has_wgmma(arch_of_device(0)):
+    for K, N, G in [(200, 17416, -1), (520, 18824, 64)]:
+        t = gemm_tensors(K, N, formats.resolve_group_size(G, K))
+        for kind in ("float16", "bfloat16"):
+            w = awq_cupy.QuantizedWeight.from_gemm(t["qweight"], t["qzeros"], t["scales"],
+                                                   formats.resolve_group_size(G, K), dtype=kind)
+            dt = np.float16 if kind == "float16" else awq_cupy.dtypes.numpy_dtype("bfloat16")
+            bias = cp.asarray(rng.standard_normal(N).astype(np.float32).astype(dt))
+            for M in (257, 300):
+                x = cp.asarray(rng.standard_normal((M, K)).astype(np.float32).astype(dt))
+                y = cp.empty((M, N), dtype=x.dtype)
+                launch.run_gemm(x, w, bias, y, M, kind, arch_of_device(w.device), launch.sm_count(w.device), False,
+                                 wgmma=True, tail=True)
 # The GEMV's three- and four-token-block variants (sm_90, groups of whole 64-k blocks: 17..32 rows), every one,
 # at odd shapes (K not a multiple of 64, one group, N not a multiple of 64, one block per CTA) and two warp counts
 for K, N, G in [(328, 136, -1), (1024, 520, 128), (1088, 4232, 64)]:

@@ -43,4 +43,5 @@ def launch(k, S: int, CW: int, x, w, y, M: int, splits: int, *, pdl: bool = True
         cols = planner.reduce_columns(M, w.N, launches.sm_count(w.device))
         rk = kernels.kernel(kernels.ReduceVariant("float16", cols))
         rk.launch((min(-(-(M * w.N // cols) // 256), 4096),), (256,),
-                  (ws, launches.NULL, y, as_i32(M), as_i32(w.N), as_i32(Np), as_i32(splits)), pdl=pdl)
+                  (ws, launches.NULL, y, as_i32(M), as_i32(w.N), as_i32(Np), as_i32(splits), as_i32(0)),
+                  pdl=pdl)
