@@ -169,8 +169,8 @@ def available_contenders(contenders) -> tuple[tuple[str, ...], dict[str, str]]:
 
 def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, contenders=CONTENDERS,
         progress=True):
-    """Benchmark rows for every (layer, M, contender). Peers (``peers.PEERS``) that cannot run here are left out
-    with the reason printed."""
+    """Benchmark rows for every (layer, M, contender) of ``models``: names of ``MODELS``, or (model, layer, K, N)
+    rows. Peers (``peers.PEERS``) that cannot run here are left out with the reason printed."""
     import cupy
 
     import awq_cupy
@@ -188,7 +188,8 @@ def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, co
     sms = launch.sm_count(cupy.cuda.runtime.getDevice())
     rng = np.random.default_rng(0)
     rows: list[Row] = []
-    shapes = [(m, name, K, N) for m in models for (name, K, N) in MODELS[m]] if isinstance(models, list) else models
+    shapes = [(m, name, K, N) for m in models for (name, K, N) in MODELS[m]] if all(
+        isinstance(m, str) for m in models) else list(models)   # model names, or (model, layer, K, N) rows
     total = len(shapes) * len(ms)
     done = 0
     npdt = numpy_dtype(dtype)

@@ -48,9 +48,9 @@ for step in "$@"; do
               grep -E "eager|replay|RTN|AWQ|fused|Error|error" "$OUT/examples.log" ;;
     bench_quick) python3 -m awq_cupy bench --quick --no-decode --json "$OUT/bench.json" --plot "$OUT/bench.png" > "$OUT/bench.log" 2>&1; rc=$?
                  grep -A40 "^sum over" "$OUT/bench.log" | head -20 ;;
-    bench_peer) rc=0   # prefill M against the peers, both models; PEER_DTYPES (default: float16 bfloat16)
+    bench_peer) rc=0   # every M against the peers, both models; PEER_DTYPES (default: float16 bfloat16), PEER_M
                 for dt in ${PEER_DTYPES:-float16 bfloat16}; do
-                  python3 -m awq_cupy bench --no-decode --dtype $dt --m ${PEER_M:-128,256,512,1024,2048,4096} \
+                  python3 -m awq_cupy bench --no-decode --dtype $dt ${PEER_M:+--m $PEER_M} \
                     --contenders awq_cupy cublas_fp16 ${PEERS:-humming} --trials ${PEER_TRIALS:-3} \
                     --json "$OUT/bench_peer_$dt.json" --plot "$OUT/bench_peer_$dt.png" > "$OUT/bench_peer_$dt.log" 2>&1 || rc=1
                   grep -B1 -A60 "^sum over" "$OUT/bench_peer_$dt.log" | grep -v "^--" | head -60

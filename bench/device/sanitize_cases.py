@@ -71,7 +71,7 @@ for K, N, G, kinds in [(24, 8, -1, ("float16", "bfloat16")), (96, 72, 32, ("floa
 # The wgmma GEMM with a split tail launch (plans.TailSplit): more column tiles than a wave of 256-token CTAs, the
 # last tile 8 columns wide, the last token tile partial
 if plans.has_wgmma(arch_of_device(0)):
-    for K, N, G in [(200, 17416, -1), (520, 18824, 64)]:
+    for K, N, G in [(1032, 17416, -1), (2048, 18824, 64)]:
         t = gemm_tensors(K, N, formats.resolve_group_size(G, K))
         for kind in ("float16", "bfloat16"):
             w = awq_cupy.QuantizedWeight.from_gemm(t["qweight"], t["qzeros"], t["scales"],
