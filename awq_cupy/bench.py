@@ -159,6 +159,13 @@ def rotated_weights(rng, K, N, group_size=128, dtype="float16", rotate_mb=512, t
                                             K=K, N=N, group_size=G, dtype=dtype) for _ in range(nq - 1)]
 
 
+def layers(models) -> list[tuple[str, str, int, int]]:
+    """(model, layer, K, N) rows of ``models``: names of ``MODELS``, or such rows already (``--shapes``)."""
+    if all(isinstance(m, str) for m in models):
+        return [(m, name, K, N) for m in models for (name, K, N) in MODELS[m]]
+    return [tuple(m) for m in models]
+
+
 def available_contenders(contenders) -> tuple[tuple[str, ...], dict[str, str]]:
     """The contenders that can run here, and why each peer that cannot is left out."""
     from .peers import PEERS
@@ -188,8 +195,7 @@ def run(models, ms, dtype="float16", group_size=128, trials=5, rotate_mb=512, co
     sms = launch.sm_count(cupy.cuda.runtime.getDevice())
     rng = np.random.default_rng(0)
     rows: list[Row] = []
-    shapes = [(m, name, K, N) for m in models for (name, K, N) in MODELS[m]] if all(
-        isinstance(m, str) for m in models) else list(models)   # model names, or (model, layer, K, N) rows
+    shapes = layers(models)
     total = len(shapes) * len(ms)
     done = 0
     npdt = numpy_dtype(dtype)
@@ -315,7 +321,8 @@ def plot(rows, path):
     ax.set_xscale("log", base=2)
     ax.set_xlabel("M (tokens)")
     ax.set_ylabel("speed-up vs cuBLAS fp16")
-    ax.set_title("awq_cupy W4A16 (group 128) on " + rows[0].model if rows else "awq_cupy")
+    models = ", ".join(dict.fromkeys(r.model for r in rows))
+    ax.set_title(f"awq_cupy W4A16 on {models}" if rows else "awq_cupy")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()

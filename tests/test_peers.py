@@ -40,6 +40,13 @@ def test_unavailable_peers_are_left_out_in_order(monkeypatch):
     assert list(skipped) == ["humming"] and "torch" in skipped["humming"]
 
 
+def test_bench_layers_from_model_names_or_shapes():
+    assert bench.layers(["mistral-7b"])[0] == ("mistral-7b", "qkv", 4096, 6144)
+    assert len(bench.layers(["mistral-7b", "llama-2-70b"])) == 8
+    rows = [("custom", "1024x768", 1024, 768), ("custom", "64x64", 64, 64)]   # what --shapes gives
+    assert bench.layers(rows) == rows
+
+
 def test_unknown_peer_is_refused():
     with pytest.raises(ValueError, match="unknown peer 'nope'"):
         peers.Peer("nope", "nope", "nope").prepare([], 64, 64, 64, "float16")
