@@ -299,8 +299,8 @@ def run_gemv(x2, w, bias_arg, y2, M, kind, sms, tiles=None, warps=None, kdepth=N
 
 def run_gemm(x2, w, bias_arg, y2, M, kind, arch, sms, batch_invariant, **force) -> None:
     """One fused GEMM call with forced choices (plans.plan_gemm_launch's ``tiles``, ``splits``, ``wgmma``,
-    ``depth``, ``pend``, ``reduce_cols``, ``ksplit``, ``tail``): for ``tune``, the benchmark's per-path contenders and probes.
-    Prepares afresh on every call."""
+    ``depth``, ``pend``, ``reduce_cols``, ``ksplit``, ``tail``): for ``tune``, the benchmark's per-path contenders
+    and probes. Prepares afresh on every call."""
     import cupy
 
     pc = prepare_gemm(w, M, kind, arch, sms, cupy.cuda.get_current_stream().ptr, batch_invariant=batch_invariant,

@@ -301,9 +301,8 @@ def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> boo
         return True
     nb, tw, _ = gemm_shape_for(M, wgmma=True)
     Kp, Np = padded_sizes(K, N)
-    grid = (Kp // 64, -(-(Np // 16) // (GEMM_WARPS * tw)), -(-M // (8 * nb)))
-    kw = dict(resident=sm_count, M=M, Np=Np, stage_us=row.fused_unit_us, min_per=2, per_sm=1)
-    fused = split_cost(*grid, **kw)[0]
+    fused = split_cost(Kp // 64, -(-(Np // 16) // (GEMM_WARPS * tw)), -(-M // (8 * nb)), resident=sm_count, M=M,
+                       Np=Np, stage_us=row.fused_unit_us, min_per=2, per_sm=1)[0]
     dense = K * N * 2.5 / (row.dequant_tbps * 1e6) + 2.0 * M * K * N / (row.cublas_tflops * 1e6)
     return dense < fused
 
@@ -647,8 +646,8 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
                                tail=TailSplit(first, t_splits, t_per), tail_ctas=n_ctas - first)
 
 
-# A tail launch is planned only where it is modelled at least this much faster than the one-launch plan: the model
-# has no term for a second GEMM's start, and a near tie is not worth the changed sums.
+# A tail launch is planned only where it is modelled at least this much faster than the one-launch plan: its
+# partial-sum and second-start terms are rough, and a near tie is not worth the changed sums.
 _TAIL_GAIN = 0.97
 # Token tiles of at least this many blocks of 8 (128 rows): the smaller tiles' grids were not measured with a tail
 _TAIL_MIN_NB = 16

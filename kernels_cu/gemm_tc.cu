@@ -208,6 +208,6 @@ __global__ void __launch_bounds__(awq_sw::THREADS, 1) awq_gemm_sw_kernel(
   }
   if (!active) return;
 
-  store_swapped_tile<T, TW, NB>([&](int i, int j, int e) { return acc[i][j][e]; }, bias, y, ws, M, N, ws_ld, 16 * blk_base, m0, blk0,
-                                units.nvalid, lane);
+  store_swapped_tile<T, TW, NB>([&](int i, int j, int e) { return acc[i][j][e]; }, bias, y, ws, M, N, ws_ld,
+                                16 * blk_base, m0, blk0, units.nvalid, lane);
 }

@@ -128,7 +128,7 @@ template <typename T, int TW, int SZ, int BM, int THREADS, bool WX = true> struc
 // Epilogue of a warp's TW blocks x NB token blocks: value(i, j, e) is the accumulator of block blk0 + i, channel
 // 16 (blk0 + i) + g + 8 (e >> 1), token m0 + 8 j + 2 t + (e & 1) (mma C / wgmma D layout, g = lane / 4, t = lane
 // % 4). Without split-K it adds the bias and writes y in T; with split-K the fp32 partials of split blockIdx.y, rows
-// ws_ld floats apart, from channel ws_col0 on (a launch over the last column tiles only keeps only its columns).
+// ws_ld floats apart, from channel ws_col0 on (a tail launch's workspace holds its own columns only).
 template <typename T, int TW, int NB, typename Value>
 AWQ_DEVICE void store_swapped_tile(Value value, const T* __restrict__ bias, T* __restrict__ y, float* __restrict__ ws,
                                    int M, int N, int ws_ld, int ws_col0, int m0, int blk0, int nvalid, int lane) {

@@ -272,6 +272,6 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
 #pragma unroll
       for (int e = 0; e < R; ++e) acc[i][e] += hand[(i * R + e) * 128 + ktid];
   }
-  store_swapped_tile<T, TW, NB>([&](int i, int j, int e) { return acc[i][4 * j + e]; }, bias, y, ws, M, N, ws_ld, 16 * blk_base, m0,
-                                blk0, units.nvalid, lane);
+  store_swapped_tile<T, TW, NB>([&](int i, int j, int e) { return acc[i][4 * j + e]; }, bias, y, ws, M, N, ws_ld,
+                                16 * blk_base, m0, blk0, units.nvalid, lane);
 }
