@@ -26,7 +26,10 @@ The checks (docs/formats.md §Dequantization: ``W = (Q - Z) * S``):
 * what ``load_checkpoint`` warns about (tensors of a module without its ``qweight``, a quantized config without a
   quantized layer, a ``version`` tag that contradicts the detected layout) -> WARNING. The warnings are captured,
   not printed, and rebuilt from the ``Checkpoint`` itself so each problem names its module; a
-  ``CheckpointWarning`` this module does not know becomes a ``CHECKPOINT_WARNING`` problem with its text.
+  ``CheckpointWarning`` this module does not know becomes a ``CHECKPOINT_WARNING`` problem with its text;
+* a group size the format allows (a multiple of 8) but the GPU kernels do not (a multiple of 32, or one group
+  per layer: ``weight.check_group_size``) -> WARNING, one per group size: ``to_gpu`` and ``QuantizedWeight``
+  refuse those layers, ``awq_cupy.dequantize`` still runs them on the CPU.
 
 A ``CheckpointError`` from ``load_checkpoint`` (missing path, corrupt file, unsupported config) propagates from
 ``inspect_checkpoint``; ``main`` turns it into exit code 2.
@@ -48,6 +51,7 @@ import numpy as np
 
 from . import formats
 from ._array import make_reporter
+from .weight import check_group_size
 from .checkpoint import (_AUTO_PROGRESS_BYTES, Checkpoint, CheckpointError, CheckpointWarning, FormatMismatchWarning,
                          NoQuantizedLayersWarning, OrphanTensorsWarning, QuantConfig,
                          QuantizedLayer, load_checkpoint)
@@ -84,10 +88,12 @@ class Rule(str, enum.Enum):
     NO_QUANTIZED_LAYERS = "NO_QUANTIZED_LAYERS"
     FORMAT_MISMATCH = "FORMAT_MISMATCH"              # the version tag contradicts the detected layout
     CHECKPOINT_WARNING = "CHECKPOINT_WARNING"        # any other CheckpointWarning load_checkpoint emitted
+    GROUP_SIZE_NOT_ON_GPU = "GROUP_SIZE_NOT_ON_GPU"  # valid in the format, refused by the GPU kernels
 
 
 _SEVERITY = {Rule.ORPHAN_TENSOR: Severity.WARNING, Rule.NO_QUANTIZED_LAYERS: Severity.WARNING,
-             Rule.FORMAT_MISMATCH: Severity.WARNING, Rule.CHECKPOINT_WARNING: Severity.WARNING}
+             Rule.FORMAT_MISMATCH: Severity.WARNING, Rule.CHECKPOINT_WARNING: Severity.WARNING,
+             Rule.GROUP_SIZE_NOT_ON_GPU: Severity.WARNING}
 
 
 @dataclass(frozen=True)
@@ -390,6 +396,19 @@ def _checkpoint_problems(ckpt: Checkpoint, caught) -> list[Problem]:
             Rule.ORPHAN_TENSOR, module or parts[0],
             f"holds {', '.join(short)} but no qweight, so it is not a quantized layer (a missing shard or a "
             f"renamed tensor?); the tensors are kept as plain tensors", len(parts)))
+    refused: dict[int, list[str]] = {}
+    for name, layer in ckpt.layers.items():
+        try:
+            check_group_size(int(layer.in_features), int(layer.group_size))
+        except ValueError:
+            refused.setdefault(int(layer.group_size), []).append(name)
+    for G in sorted(refused):
+        names = sorted(refused[G], key=_natural_key)
+        problems.append(_problem(
+            Rule.GROUP_SIZE_NOT_ON_GPU, names[0] if len(names) == 1 else str(ckpt.path),
+            f"group size {G} ({len(names)} layer{'s' if len(names) > 1 else ''}: {_shown(names)}) is valid AWQ, but "
+            f"the GPU kernels need a multiple of 32 or one group per layer: to_gpu refuses these layers "
+            f"(awq_cupy.dequantize runs them on the CPU)", len(names)))
     if not ckpt.layers:
         problems.append(_problem(
             Rule.NO_QUANTIZED_LAYERS, str(ckpt.path),

@@ -355,6 +355,27 @@ def test_dense_checkpoint_with_a_quantization_config(tmp_path, rng):
     assert rc == 0 and "0 quantized layers" in text and "model.layers.2.mlp.up_proj.weight" in text
 
 
+def test_group_sizes_the_gpu_kernels_refuse(tmp_path, rng):
+    from awq_cupy.weight import check_group_size
+
+    layers = {f"model.layers.{i}.mlp.up_proj": logical(rng, 256, 64, 16) for i in range(3)}
+    d = save_checkpoint(tmp_path / "ckpt", layers, group_size=16)      # valid AWQ: G a multiple of 8
+    report = inspect_checkpoint(d)
+    p = only(report)
+    assert (p.rule, p.severity, p.where, p.count) == (Rule.GROUP_SIZE_NOT_ON_GPU, Severity.WARNING, str(d), 3)
+    assert "group size 16 (3 layers: model.layers.0.mlp.up_proj" in p.message and report.ok
+    with pytest.raises(ValueError, match="group_size=16 is not supported"):   # the check the GPU path makes
+        check_group_size(256, 16)
+    one = save_checkpoint(tmp_path / "one", {UP: logical(rng, 256, 64, 16)}, group_size=16)
+    assert [(q.rule, q.where, q.count) for q in inspect_checkpoint(one).problems] == [
+        (Rule.GROUP_SIZE_NOT_ON_GPU, UP, 1)]
+    rc, text = run_main(one)
+    assert rc == 0 and f"warning GROUP_SIZE_NOT_ON_GPU {UP}: group size 16 (1 layer: {UP})" in text
+    for G in (32, 96):          # multiples of 32 run on the GPU
+        ok = save_checkpoint(tmp_path / f"g{G}", {UP: logical(rng, 192 if G == 96 else 256, 64, G)}, group_size=G)
+        assert inspect_checkpoint(ok).problems == ()
+
+
 def test_version_tag_contradicting_the_layout(tmp_path, rng):
     layers = {f"model.layers.{i}.mlp.up_proj": logical(rng, 256, 64, 128) for i in range(2)}
     d = save_checkpoint(tmp_path / "ckpt", layers, group_size=128)
