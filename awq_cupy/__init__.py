@@ -8,7 +8,7 @@ Importing this package compiles nothing, queries no device and does not import C
 """
 from importlib.metadata import PackageNotFoundError, version as _version
 
-from . import awq, formats, layout, reference, settings
+from . import awq, formats, layout, reference, settings, sharding
 from .awq import (AWQResult, calibration_stats, fold_scales_into_linear, fold_scales_into_norm, quantize_awq,
                   search_clip, search_scales)
 from ._array import GPUUnavailableError
@@ -30,4 +30,4 @@ __all__ = ["QuantizedWeight", "matmul", "bind", "BoundMatmul", "capture", "Captu
            "load_checkpoint", "save_checkpoint", "Checkpoint", "QuantizedLayer", "CheckpointError", "CheckpointWarning",
            "PendingLayer", "FuseRule", "Part", "DEFAULT_FUSE_RULES", "GPUUnavailableError", "formats",
            "layout", "reference", "awq", "quantize_awq", "search_scales", "search_clip", "fold_scales_into_norm",
-           "fold_scales_into_linear", "calibration_stats", "AWQResult", "__version__"]
+           "fold_scales_into_linear", "calibration_stats", "AWQResult", "sharding", "__version__"]
