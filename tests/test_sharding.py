@@ -181,3 +181,39 @@ def test_checkpoint_layers_shard_from_disk(tmp_path, rng):
             assert s0.split is (Split.COLUMN if n.endswith("q_proj") else Split.ROW)
             got = np.concatenate([s0.layer.dequantize(np.float32), s1.layer.dequantize(np.float32)], axis=axis)
             np.testing.assert_array_equal(got, full[n])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["gemm", "gemv_fast"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_shards_on_the_gpu_sum_to_the_whole_layer(rng, fmt, dtype):
+    """One GPU, every rank in turn: the column shards' outputs side by side and the row shards' partial outputs
+    summed (what the all-reduce will do) equal the unsharded matmul within fp16/bf16 reduction-order noise."""
+    import cupy as cp
+
+    import awq_cupy
+    from awq_cupy.dtypes import numpy_dtype
+
+    K, N, M, tp = 1024, 768, 5, 4
+    layer, W = make_layer(rng, fmt, K, N, 128, bias=True)
+    x = rng.standard_normal((M, K)).astype(np.float32).astype(numpy_dtype(dtype))
+    xg = cp.asarray(x)
+
+    def weight(lay):
+        t = lay.to_gemm()
+        return awq_cupy.QuantizedWeight.from_gemm(t["qweight"], t["qzeros"], t["scales"], lay.config_group_size,
+                                                  dtype=dtype, bias=lay.bias)
+
+    whole = awq_cupy.matmul(xg, weight(layer)).get().astype(np.float32)
+    ref = x.astype(np.float32) @ W + layer.bias.astype(np.float32)
+    scale = np.abs(ref).max()
+    # a shard's launch plan can differ from the whole layer's (narrower N), and with it the sum order: no bitwise check
+    cols = np.concatenate([awq_cupy.matmul(xg, weight(shard_layer(layer, Split.COLUMN, tp, r).layer)).get()
+                           for r in range(tp)], axis=1).astype(np.float32)
+    assert np.abs(cols - ref).max() / scale < 2e-2
+    rows = np.zeros((M, N), np.float32)
+    for r in range(tp):
+        s = shard_layer(layer, Split.ROW, tp, r)
+        (a, b), = s.ranges
+        rows += awq_cupy.matmul(cp.ascontiguousarray(xg[:, a:b]), weight(s.layer)).get().astype(np.float32)
+    assert np.abs(rows - ref).max() / scale < 2e-2 and np.abs(whole - ref).max() / scale < 2e-2
