@@ -27,6 +27,11 @@ class Peer:
     name: str
     package: str          # the PyPI name, for the "not installed" reason
     module: str           # what is imported
+    build: Callable[[Sequence[GemmTensors], int, int, int, str], PeerCall]   # (copies, K, N, G, dtype) -> call
+
+    def __post_init__(self):
+        if not callable(self.build):
+            raise TypeError(f"Peer {self.name!r}: build must be callable, got {type(self.build).__name__}")
 
     def unavailable(self) -> str | None:
         """Why this peer cannot run here (None when it can)."""
@@ -44,12 +49,7 @@ class Peer:
 
     def prepare(self, copies: Sequence[GemmTensors], K: int, N: int, group_size: int, dtype: str) -> PeerCall:
         """The peer's layer for every weight copy, loaded and transformed once; returns the call."""
-        if self.name == "humming":
-            return _humming(copies, K, N, group_size, dtype)
-        raise ValueError(f"unknown peer {self.name!r}")
-
-
-PEERS = {p.name: p for p in (Peer("humming", "humming-kernels", "humming"),)}
+        return self.build(copies, K, N, group_size, dtype)
 
 
 def _torch_stream():
@@ -89,3 +89,6 @@ def _humming(copies, K, N, group_size, dtype) -> PeerCall:
             layers[i % n](tx, outputs=ty)
 
     return call
+
+
+PEERS = {p.name: p for p in (Peer("humming", "humming-kernels", "humming", _humming),)}

@@ -58,10 +58,10 @@ class GemvPlan:
 
 @dataclass(frozen=True)
 class TailSplit:
-    """The fused GEMM's last column tiles, launched apart with split-K (``GemmPlan.tail_grid``): the column tiles
-    from ``first`` on, in ``splits`` of ``per`` 64-k units each, summed by the reduce kernel over their columns
-    only. The tiles before ``first`` run unsplit in whole waves."""
-    first: int
+    """The fused GEMM's last ``ctas`` column tiles, launched apart with split-K (``GemmPlan.tail_grid``), in
+    ``splits`` of ``per`` 64-k units each, summed by the reduce kernel over their columns only. The column tiles
+    before them (``GemmPlan.grid``) run unsplit in whole waves."""
+    ctas: int
     splits: int
     per: int
 
@@ -74,8 +74,7 @@ class GemmPlan:
     ``smem`` bytes, ``NT16`` 16-column blocks, ``ksplit`` K streams per CTA; ``pend`` the wgmma PEND variant when
     not the default (None), ``reduce_cols`` the split-K reduce kernel's columns per thread (0 without a split).
     With a ``tail``, ``grid`` is the first launch's (whole waves of unsplit column tiles, ``splits`` = 1) and the
-    ``tail_ctas`` column tiles after it are a second, split launch (``tail_grid``) whose reduce takes
-    ``reduce_cols``."""
+    tail's column tiles after it are a second, split launch (``tail_grid``) whose reduce takes ``reduce_cols``."""
     wgmma: bool
     token_blocks: int
     tiles: int
@@ -90,12 +89,11 @@ class GemmPlan:
     pend: int | None = None
     reduce_cols: int = 0
     tail: TailSplit | None = None
-    tail_ctas: int = 0      # column tiles of the tail launch (0 without a tail)
 
     @property
     def tail_grid(self) -> tuple:
         """The tail launch's grid (column tiles, splits, token tiles); () without a tail."""
-        return (self.tail_ctas, self.tail.splits, self.grid[2]) if self.tail is not None else ()
+        return (self.tail.ctas, self.tail.splits, self.grid[2]) if self.tail is not None else ()
 
     @property
     def ctas(self) -> int:
@@ -107,7 +105,7 @@ class GemmPlan:
         """The tail launch's first 16-column block (its ``blk_base``); 0 without a tail."""
         from .kernels import GEMM_WARPS
 
-        return self.tail.first * (GEMM_WARPS // self.ksplit) * self.tiles if self.tail is not None else 0
+        return self.grid[0] * (GEMM_WARPS // self.ksplit) * self.tiles if self.tail is not None else 0
 
     def variant(self, dtype: str):
         """The kernel variant (kernels.WgmmaVariant or kernels.GemmVariant) this plan launches."""
@@ -643,7 +641,7 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
             k: v for k, v in kw.items() if k != "cols_per_tile"})[0]):
         return plan
     return dataclasses.replace(plan, grid=(first, 1, m_tiles), splits=1, per=KS,
-                               tail=TailSplit(first, t_splits, t_per), tail_ctas=n_ctas - first)
+                               tail=TailSplit(n_ctas - first, t_splits, t_per))
 
 
 # A tail launch is planned only where it is modelled at least this much faster than the one-launch plan: its

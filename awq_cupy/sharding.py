@@ -32,6 +32,7 @@ import numpy as np
 
 from . import formats
 from .checkpoint import QuantizedLayer
+from .safetensors_io import dtype_code_of
 
 
 class Split(str, enum.Enum):
@@ -155,14 +156,12 @@ def shard_layer(layer: QuantizedLayer, split: Split, tp_size: int, rank: int, *,
     n = sum(b - a for a, b in ranges) if split is Split.COLUMN else N
     codes = dict(layer.dtype_codes)
     if layer.format != "gemm":            # repacked: the arrays' own dtypes (fp16 scales)
-        codes = {key: _CODES[str(v.dtype)] for key, v in tensors.items()}
+        codes = {key: dtype_code_of(v.dtype) for key, v in tensors.items()}
     if bias is not None and "bias" in layer.dtype_codes:
         codes["bias"] = layer.dtype_codes["bias"]
     shard = dataclasses.replace(layer, in_features=k, out_features=n, tensors=tensors, bias=bias, dtype_codes=codes)
     return Shard(shard, split, tp_size, rank, ranges)
 
-
-_CODES = {"int32": "I32", "int16": "I16", "float16": "F16", "float32": "F32"}
 
 
 def _slice(layer: QuantizedLayer, split: Split, ranges, rank: int):

@@ -780,7 +780,7 @@ def test_every_gemm_shape_is_reachable_and_every_tile_has_a_default(wgmma):
 def test_plan_gemm_covers_the_output_and_k(K, N, M, wgmma):
     p = plan_gemm(M, K, N, 128 if K % 128 == 0 else K, wgmma=wgmma)
     n_ctas, splits, m_tiles = p.grid
-    n_ctas += p.tail_ctas                    # a tail launch takes the last column tiles
+    n_ctas += p.tail.ctas if p.tail else 0   # a tail launch takes the last column tiles
     per_cta = 8 // p.ksplit * p.tiles * 16   # channels per CTA: two K streams share a warpgroup's channels
     assert n_ctas * per_cta >= N > (n_ctas - 1) * per_cta
     assert m_tiles * 8 * p.token_blocks >= M > (m_tiles - 1) * 8 * p.token_blocks
@@ -788,9 +788,9 @@ def test_plan_gemm_covers_the_output_and_k(K, N, M, wgmma):
     assert splits == p.splits and (splits - 1) * p.per < KS <= splits * p.per
     if p.tail is not None:
         t = p.tail
-        assert p.splits == 1 and t.first == p.grid[0] and p.tail_grid == (p.tail_ctas, t.splits, m_tiles)
+        assert p.splits == 1 and p.tail_grid == (t.ctas, t.splits, m_tiles)
         assert t.splits >= 2 and (t.splits - 1) * t.per < KS <= t.splits * t.per
-        assert p.tail_block0 == t.first * per_cta // 16
+        assert p.tail_block0 == p.grid[0] * per_cta // 16
 
 
 @pytest.mark.parametrize("wgmma", [False, True])
@@ -819,7 +819,7 @@ def test_plan_gemm_tail_where_the_last_wave_is_partial():
             for M in (64, 128, 256, 512, 1024, 2048, 4096):
                 for dtype in ("float16", "bfloat16"):
                     p = plan_gemm_launch(M, K, N, 128, dtype, jit.ARCHS["90a"], 132, resident, wgmma=True)
-                    got = (p.tail.first, p.tail.splits) if p.tail is not None else None
+                    got = (p.grid[0], p.tail.splits) if p.tail is not None else None
                     assert got == _TAILS.get((model, name, K, N, M)), (model, name, M, p)
                     assert p.tail is None or p.reduce_cols in (2, 4, 8)   # the tail's reduce is planned
                     assert plan_gemm(M, K, N, 128, wgmma=True, tail=False).tail is None

@@ -47,9 +47,16 @@ def test_bench_layers_from_model_names_or_shapes():
     assert bench.layers(rows) == rows
 
 
-def test_unknown_peer_is_refused():
-    with pytest.raises(ValueError, match="unknown peer 'nope'"):
-        peers.Peer("nope", "nope", "nope").prepare([], 64, 64, 64, "float16")
+def test_peer_without_a_builder_is_refused():
+    with pytest.raises(TypeError, match="Peer 'nope': build must be callable, got NoneType"):
+        peers.Peer("nope", "nope", "nope", None)
+
+
+def test_prepare_hands_the_layer_to_the_peers_builder():
+    seen = []
+    p = peers.Peer("fake", "fake", "fake", lambda *a: seen.append(a) or "call")
+    assert p.prepare([("w", "z", "s")], 64, 32, 64, "bfloat16") == "call"
+    assert seen == [([("w", "z", "s")], 64, 32, 64, "bfloat16")]
 
 
 def test_bench_takes_peers_as_contenders(monkeypatch):
