@@ -17,7 +17,7 @@ import numpy as np
 from . import plans
 from .driver import Launch
 from .jit import as_i32
-from .plans import GemmPlan, GemvPlan, Path
+from .plans import GemmPlan, GemvPlan, Path, RowSplit
 
 __all__ = ["PreparedCall", "prepare_call", "prepare_gemv", "prepare_gemm", "run_gemv", "run_gemm", "workspace",
            "capture_scope", "is_capturing", "sm_count", "NULL", "Launch"]
@@ -102,22 +102,39 @@ class PreparedCall:
     kernels; a ``Path.CUBLAS`` call has no launches (``ops`` runs dequantize + cuBLAS itself). ``capture_safe``:
     nothing in it loads a module, allocates or calls cuBLAS, so it may run while the stream captures a graph."""
 
-    __slots__ = ("path", "plan", "launches", "_x", "_y", "_b", "capture_safe", "_lock", "run")
+    __slots__ = ("path", "plan", "launches", "_spec", "_x", "_y", "_b", "_xo", "_yo", "capture_safe", "_lock", "run")
 
     def __init__(self, path: Path, plan, launches=(), x_slots=(), y_slots=(), b_slots=()):
         self.path, self.plan, self.launches = path, plan, tuple(launches)
-        # (slots array, index) pairs: which parameter of which launch takes x, the output and the bias
-        self._x = tuple((self.launches[i].slots, j) for i, j in x_slots)
-        self._y = tuple((self.launches[i].slots, j) for i, j in y_slots)
-        self._b = tuple((self.launches[i].slots, j) for i, j in b_slots)
+        # (launch, parameter, byte offset) of x, the output and the bias; given as (launch, parameter) pairs, the
+        # offset is 0 (a row split's second call has its rows' offset)
+        self._spec = tuple(tuple((t[0], t[1], t[2] if len(t) > 2 else 0) for t in sl)
+                           for sl in (x_slots, y_slots, b_slots))
+        # what run patches: (the launch's slots array, parameter) of the slots written as given, and (slots,
+        # parameter, offset) of those written at an offset
+        self._x, self._y, self._b = (tuple((self.launches[i].slots, j) for i, j, o in sl if not o)
+                                     for sl in self._spec)
+        self._xo, self._yo = (tuple((self.launches[i].slots, j, o) for i, j, o in sl if o) for sl in self._spec[:2])
+        if any(o for _, _, o in self._spec[2]):
+            raise ValueError("the bias is never offset: every part of a call adds the same bias")
         self.capture_safe = path is not Path.CUBLAS
         self._lock = threading.Lock()   # patch-then-fire is one step for threads sharing a stream and weight
         # run(x, y, bias=0): the one-launch call (the GEMV, the mma.sync GEMM without a split) has its own
         # straight-line version: it is the decode loop's whole host cost after the checks
-        if len(self.launches) == 1 and len(self._x) == len(self._y) == len(self._b) == 1:
+        if len(self.launches) == 1 and len(self._x) == len(self._y) == len(self._b) == 1 and not self._xo + self._yo:
             self.run = self._one(self.launches[0], self._x[0][1], self._y[0][1], self._b[0][1], self._lock)
         else:
             self.run = self._many
+
+    @classmethod
+    def row_split(cls, first: "PreparedCall", second: "PreparedCall", rows: int, K: int, N: int,
+                  itemsize: int) -> "PreparedCall":
+        """One call of two prepared calls on row slices: ``first`` for rows 0..rows-1, ``second`` for the rest
+        (its x and output pointers offset by ``rows`` rows of K and of N elements of ``itemsize`` bytes)."""
+        n = len(first.launches)
+        spec = [a + tuple((i + n, j, o + off) for i, j, o in b)
+                for a, b, off in zip(first._spec, second._spec, (rows * K * itemsize, rows * N * itemsize, 0))]
+        return cls(first.path, RowSplit(rows, first.plan, second.plan), first.launches + second.launches, *spec)
 
     @staticmethod
     def _one(launch: "Launch", xi: int, yi: int, bi: int, lock):
@@ -140,6 +157,10 @@ class PreparedCall:
                 s[i] = x
             for s, i in self._y:
                 s[i] = y
+            for s, i, o in self._xo:
+                s[i] = x + o
+            for s, i, o in self._yo:
+                s[i] = y + o
             if bias:
                 for s, i in self._b:
                     s[i] = bias
@@ -276,6 +297,12 @@ def prepare_call(w, M: int, kind: str, stream: int, *, batch_invariant: bool = F
         return prepare_gemv(w, M, kind, arch, sms, stream, capturing=capturing)
     if path is Path.CUBLAS:
         return PreparedCall(Path.CUBLAS, None)
+    if not batch_invariant:
+        rows = plans.row_split(M, w.K, w.N, w.group_size, kind, arch, sms, _resident(w.device))
+        if rows:   # whole 256-token tiles, then the remaining rows as a call of their own
+            parts = [prepare_call(w, m, kind, stream, capturing=capturing) for m in (rows, M - rows)]
+            if all(p.capture_safe for p in parts):
+                return PreparedCall.row_split(*parts, rows, w.K, w.N, 2)
     return prepare_gemm(w, M, kind, arch, sms, stream, batch_invariant=batch_invariant)
 
 
@@ -299,8 +326,8 @@ def run_gemv(x2, w, bias_arg, y2, M, kind, sms, tiles=None, warps=None, kdepth=N
 
 def run_gemm(x2, w, bias_arg, y2, M, kind, arch, sms, batch_invariant, **force) -> None:
     """One fused GEMM call with forced choices (plans.plan_gemm_launch's ``tiles``, ``splits``, ``wgmma``,
-    ``depth``, ``pend``, ``reduce_cols``, ``ksplit``, ``tail``): for ``tune``, the benchmark's per-path contenders
-    and probes. Prepares afresh on every call."""
+    ``depth``, ``pend``, ``reduce_cols``, ``ksplit``, ``tail``, ``token_tile``): for ``tune``, the benchmark's
+    per-path contenders and probes. Prepares afresh on every call."""
     import cupy
 
     pc = prepare_gemm(w, M, kind, arch, sms, cupy.cuda.get_current_stream().ptr, batch_invariant=batch_invariant,

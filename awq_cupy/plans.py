@@ -117,6 +117,16 @@ class GemmPlan:
         return GemmVariant(dtype, self.token_blocks, self.tiles, self.depth, self.aligned)
 
 
+@dataclass(frozen=True)
+class RowSplit:
+    """A matmul call run as two calls on row slices: the first ``rows`` rows (whole largest token tiles of the
+    fused GEMM, ``first`` their plan) and the rest (``second``: its own plan, a GEMV or a GEMM of a smaller token
+    tile), instead of one GEMM whose last token tile is mostly padding (``row_split``)."""
+    rows: int
+    first: object
+    second: object
+
+
 def choose_path(M: int, K: int, N: int, group_size: int, dtype: str, arch, sm_count: int, *,
                 batch_invariant: bool = False, capturing: bool = False) -> Path:
     """The kernels matmul runs for M rows of a K x N weight: the GEMV up to the dispatch row's ``gemv_max_m`` and
@@ -147,23 +157,24 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
                      resident: Callable[[object, int], int], *, batch_invariant: bool = False,
                      tiles: int | None = None, splits: int | None = None, wgmma: bool | None = None,
                      depth: int | None = None, pend: int | None = None, reduce_cols: int | None = None,
-                     ksplit: int | None = None, tail: bool | None = None) -> GemmPlan:
+                     ksplit: int | None = None, tail: bool | None = None,
+                     token_tile: int | None = None) -> GemmPlan:
     """The fused GEMM's whole launch plan for M rows, variant included: the wgmma kernel where ``uses_wgmma``
     (or ``wgmma``), its shape for M (``gemm_shape_for``), split-K planned over the CTAs the GPU holds at once
     (``resident(variant, smem)``: CTAs of that kernel one SM holds; batch-invariant calls plan for one
     per SM so that no variant's occupancy enters), two K streams where ``wgmma_ksplit`` says so, the two-CTAs-per-SM
     PEND variant where ``wgmma_pend`` does, and the reduce kernel's columns (``reduce_columns``). The other
-    arguments force a choice (for tuning and probes); ``tail`` as for ``plan_gemm``."""
+    arguments force a choice (for tuning and probes); ``tail`` and ``token_tile`` as for ``plan_gemm``."""
     from .kernels import GemmVariant, WgmmaVariant
 
     wg = uses_wgmma(arch, None if batch_invariant else M) if wgmma is None else wgmma
-    nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wg, depth=depth)
+    nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wg, depth=depth, token_tile=token_tile)
     aligned = aligned_groups(group_size, max(1, K // group_size))
 
     def planned(variant, ks) -> GemmPlan:
         res = sm_count if batch_invariant else resident(variant, variant.smem_bytes) * sm_count
         return plan_gemm(M, K, N, group_size, wgmma=wg, sm_count=sm_count, resident=res, tiles=tw, splits=splits,
-                         batch_invariant=batch_invariant, depth=depth, ksplit=ks, tail=tail)
+                         batch_invariant=batch_invariant, depth=depth, ksplit=ks, tail=tail, token_tile=8 * nb)
 
     chosen_pend = pend
     if wg:
@@ -565,11 +576,15 @@ def gemm_token_tile(M: int, wgmma: bool = False) -> int:
 
 
 def gemm_shape_for(M: int, tiles: int | None = None, *, wgmma: bool = False,
-                   depth: int | None = None) -> tuple[int, int, int]:
+                   depth: int | None = None, token_tile: int | None = None) -> tuple[int, int, int]:
     """(token blocks of 8, 16-column blocks per warp, units in registers) of the GEMM for M rows: the default shape
-    of M's token tile, or the instantiated one with ``tiles`` column blocks per warp (and ``depth`` units)."""
+    of M's token tile (``gemm_token_tile``, or ``token_tile`` rows), or the instantiated one with ``tiles`` column
+    blocks per warp (and ``depth`` units)."""
     shapes, default = _gemm_table(wgmma)
-    tile = gemm_token_tile(M, wgmma)
+    if token_tile is not None and token_tile not in default:
+        raise ValueError(f"token_tile={token_tile}: the {'wgmma' if wgmma else 'mma.sync'} GEMM's token tiles are "
+                         f"{sorted(default)} rows")
+    tile = gemm_token_tile(M, wgmma) if token_tile is None else token_tile
     for s in (default[tile],) + shapes:
         if 8 * s[0] == tile and tiles in (None, s[1]) and depth in (None, s[2]):
             return s
@@ -581,28 +596,32 @@ def gemm_shape_for(M: int, tiles: int | None = None, *, wgmma: bool = False,
 def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, sm_count: int = 132,
               resident: int | None = None, tiles: int | None = None, splits: int | None = None,
               batch_invariant: bool = False, depth: int | None = None, ksplit: int | None = None,
-              tail: bool | None = None) -> GemmPlan:
+              tail: bool | None = None, token_tile: int | None = None) -> GemmPlan:
     """Launch plan of the GEMM (wgmma: the sm_90a kernel, else the mma.sync one), with the default PEND variant.
     ``resident`` = CTAs the GPU holds at once (default one per
     SM). Split-K from ``plan_splits`` with the unit-time model unless ``splits`` is given. ``batch_invariant``: the
     split count is planned for one 16-row token tile whatever M is, so a row's result does not depend on M.
     ``ksplit``: K streams per CTA of the wgmma GEMM (1 or 2); None chooses by ``wgmma_ksplit``. ``tail``: a
     split tail launch (``TailSplit``) where ``tail_split_cost`` models it faster (None), never (False) or always
-    where the grid has one (True, for tests and A/B runs); only for the one-stream wgmma GEMM with planned splits."""
+    where the grid has one (True, for tests and A/B runs); only for the one-stream wgmma GEMM with planned splits.
+    ``token_tile``: rows per CTA (a token tile of the kernel's table) instead of ``gemm_token_tile``'s."""
     from .kernels import GEMM_WARPS, GemmVariant, WgmmaVariant
     from .layout import padded_sizes
 
     if M < 1:
         raise ValueError(f"M={M}: the GEMM needs at least one row")
-    nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wgmma, depth=depth)
+    nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wgmma, depth=depth, token_tile=token_tile)
+    token_tile = 8 * nb
     if ksplit is None:
         one = plan_gemm(M, K, N, group_size, wgmma=wgmma, sm_count=sm_count, resident=resident, tiles=tiles,
-                        splits=splits, batch_invariant=batch_invariant, depth=depth, ksplit=1, tail=False)
+                        splits=splits, batch_invariant=batch_invariant, depth=depth, ksplit=1, tail=False,
+                        token_tile=token_tile)
         if wgmma_ksplit(one, wgmma, batch_invariant, splits is not None) == 1:
             if tail is False:
                 return one
             return plan_gemm(M, K, N, group_size, wgmma=wgmma, sm_count=sm_count, resident=resident, tiles=tiles,
-                             splits=splits, batch_invariant=batch_invariant, depth=depth, ksplit=1, tail=tail)
+                             splits=splits, batch_invariant=batch_invariant, depth=depth, ksplit=1, tail=tail,
+                             token_tile=token_tile)
         ksplit, splits = 2, 1
     if ksplit not in (1, 2) or (ksplit == 2 and not wgmma):
         raise ValueError(f"ksplit={ksplit}: 1, or 2 (two K streams per CTA) for the wgmma GEMM")
@@ -680,6 +699,53 @@ def tail_split_cost(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, 
         if t < best[0] - 1e-9:
             best = (t, first, splits, per)
     return best
+
+
+# M rows that overrun whole 256-token tiles by r rows pay for a whole further tile: M = 257 costs what M = 512 does.
+# Running the r rows as a call of their own (a smaller token tile, or the GEMV) is planned where the split-K model
+# gives the two calls at most _ROW_SPLIT_GAIN of the one call's time. The margin covers what the model leaves out:
+# the second call's x tile pass and launch gaps, and the remainder's small grids, which the model underestimates
+# (H200 sweep over both benchmark models, M = 257..1536, bench/sweeps/token_tiles.py; docs/design.md §Row split).
+_ROW_SPLIT_GAIN = 0.9
+
+
+def gemm_modelled_us(plan: GemmPlan, M: int, K: int, N: int, dtype: str, sm_count: int,
+                     resident: Callable[[object, int], int]) -> float:
+    """The split-K cost model's time for ``plan`` (a planned, not forced, GEMM plan for M rows of K x N): its
+    kernel's unit time over its grid on the CTAs the GPU holds of its variant (``resident`` as for
+    ``plan_gemm_launch``), the tail launch's model where it has one."""
+    from .kernels import GEMM_WARPS
+    from .layout import padded_sizes
+
+    Kp, Np = padded_sizes(K, N)
+    per_sm = max(1, resident(plan.variant(dtype), plan.smem))
+    kw = dict(resident=per_sm * sm_count, M=M, Np=Np, per_sm=per_sm, min_per=2 * plan.ksplit,
+              stage_us=_unit_us(plan.token_blocks, plan.tiles, plan.wgmma) / plan.ksplit,
+              share=_WG_SHARE if plan.wgmma else _SHARE)
+    if plan.tail is not None:
+        return tail_split_cost(Kp // 64, plan.grid[0] + plan.tail.ctas, plan.grid[2],
+                               cols_per_tile=16 * GEMM_WARPS * plan.tiles, **kw)[0]
+    return split_cost(Kp // 64, plan.grid[0], plan.grid[2], **kw)[0]
+
+
+def row_split(M: int, K: int, N: int, group_size: int, dtype: str, arch, sm_count: int,
+              resident: Callable[[object, int], int]) -> int:
+    """Rows of the first call where matmul's M rows run as two calls (``RowSplit``): M rounded down to whole
+    256-token tiles, where the model times the two calls' GEMMs at most ``_ROW_SPLIT_GAIN`` of the one call's; 0
+    for one call. Only for the wgmma GEMM beyond its largest token tile; the rest is modelled as the fused GEMM even
+    where it runs the GEMV (which matmul takes only where it is faster)."""
+    from .kernels import GEMM_WG_DEFAULT
+
+    tile = max(GEMM_WG_DEFAULT)
+    rows = M - M % tile
+    if rows == 0 or rows == M or not uses_wgmma(arch, M):
+        return 0
+
+    def cost(m: int) -> float:
+        p = plan_gemm_launch(m, K, N, group_size, dtype, arch, sm_count, resident)
+        return gemm_modelled_us(p, m, K, N, dtype, sm_count, resident)
+
+    return rows if cost(rows) + cost(M - rows) < _ROW_SPLIT_GAIN * cost(M) else 0
 
 
 # Two K streams per CTA replace a two-way split-K on token tiles of at least _KSPLIT_MIN_NB blocks of 8 when each

@@ -851,6 +851,47 @@ def test_tail_split_cost_models_whole_waves_then_one_split_wave():
     assert tail_split_cost(128, 100, 1, **kw)[1] == 0       # less than one
 
 
+# Benchmark layers whose M rows matmul runs as two calls (plans.row_split) on the H200 (132 SMs, resident as in
+# the tail test), over M values past whole 256-token tiles: the model's choices the sweep of
+# bench/sweeps/token_tiles.py was checked against (docs/design.md §Row split)
+_ROW_SPLITS = {("mistral-7b", "qkv"): (257, 300, 320, 384, 640), ("mistral-7b", "o"): (640, 1100),
+               ("mistral-7b", "gate_up"): (257, 300, 320, 384, 640, 1100), ("mistral-7b", "down"): (257, 300, 320, 640),
+               ("llama-2-70b", "qkv"): (257, 300, 320, 640), ("llama-2-70b", "o"): (257, 300, 320, 640),
+               ("llama-2-70b", "gate_up"): (257, 300, 320, 384, 640),
+               ("llama-2-70b", "down"): (257, 300, 320, 384, 640)}
+
+
+def test_row_split_where_the_last_token_tile_is_mostly_padding():
+    from awq_cupy import jit
+    from awq_cupy.bench import MODELS
+    from awq_cupy.plans import row_split
+
+    def resident(variant, smem):
+        return 2 if variant.token_blocks < 16 or variant.pend == 2 else 1
+
+    arch = jit.ARCHS["90"]
+    for model, layers in MODELS.items():
+        for name, K, N in layers:
+            for dtype in ("float16", "bfloat16"):
+                got = tuple(M for M in (257, 300, 320, 384, 448, 640, 768, 1100, 1280, 1536)
+                            if row_split(M, K, N, 128, dtype, arch, 132, resident))
+                assert got == _ROW_SPLITS[(model, name)], (model, name, dtype)
+            assert row_split(300, K, N, 128, "float16", arch, 132, resident) in (0, 256)
+            assert row_split(1100, K, N, 128, "float16", arch, 132, resident) in (0, 1024)
+            for M in (16, 200, 256, 512, 4096):   # one token tile or whole ones: nothing to split off
+                assert row_split(M, K, N, 128, "float16", arch, 132, resident) == 0
+            # no wgmma GEMM (sm_80; or only past its largest tile): one call
+            assert row_split(300, K, N, 128, "float16", jit.ARCHS["80"], 108, resident) == 0
+
+
+def test_forced_token_tile():
+    p = plan_gemm(300, 4096, 6144, 128, wgmma=True, token_tile=128)
+    assert (p.token_blocks, p.grid[2]) == (16, 3)
+    assert plan_gemm(300, 4096, 6144, 128, wgmma=True).grid[2] == 2
+    with pytest.raises(ValueError, match=r"token_tile=96: the wgmma GEMM's token tiles are \[16, 32, 64, 128, 256\]"):
+        plan_gemm(300, 4096, 6144, 128, wgmma=True, token_tile=96)
+
+
 def test_plan_gemm_rejects_bad_arguments():
     with pytest.raises(ValueError, match="splits=0 must be 1 to 64"):
         plan_gemm(64, 4096, 4096, 128, splits=0)

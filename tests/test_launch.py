@@ -185,6 +185,51 @@ def test_prepared_call_hands_the_driver_its_config_and_patched_parameters(monkey
         driver.Launch(k, (1,), (32,), (5,))
 
 
+def _fake_launch_layer(monkeypatch):
+    """The replay test's fakes: recorded kernels (_RecKernel's CTAs per SM), labelled launches, fixed workspaces."""
+    log: list = []
+    monkeypatch.setenv("AWQ_CUPY_DISPATCH", "builtin")
+    settings.reload()
+    monkeypatch.setattr(kernels, "kernel", lambda v, dev=None: _RecKernel(v.family, v.expr, log))
+    monkeypatch.setattr(kernels, "get_kernel", lambda fam, v, dev=None: _RecKernel(fam.name, jit.variant_expr(v), log))
+    monkeypatch.setattr(launch, "Launch", _FakeLaunch)
+    monkeypatch.setattr(launch, "_gemv_shape_kernels", {})
+    workspaces = {what: types.SimpleNamespace(data=types.SimpleNamespace(ptr=0)) for what in ("partials", "x_tiles")}
+    monkeypatch.setattr(launch, "workspace", lambda n, dev, stream, what="partials": workspaces[what])
+    _FakeLaunch.names = {**{id(v): f"ws:{k}" for k, v in workspaces.items()}}
+    monkeypatch.setattr(jit, "arch_of_device", lambda dev: jit.ARCHS["90"])
+    monkeypatch.setattr(launch, "sm_count", lambda dev: 132)
+
+
+def test_row_split_runs_whole_tiles_then_the_rest_at_their_offsets(monkeypatch):
+    """Mistral-7B gate_up at M = 300 (two 256-token tiles, the second 44 rows full): prepare_call makes the call for
+    the first 256 rows and the one for the last 44, their launches in that order, the second's x and output
+    pointers offset by 256 rows; the bias goes to both unshifted. M = 512 (whole tiles) and batch-invariant calls
+    stay one call."""
+    _fake_launch_layer(monkeypatch)
+    K, N = 4096, 28672
+    w = _rec_weight(K, N, 128)
+    pc = launch.prepare_call(w, 300, "float16", stream=7)
+    assert isinstance(pc.plan, plans.RowSplit) and pc.plan.rows == 256 and pc.path is plans.Path.GEMM
+    first, second = (launch.prepare_call(w, m, "float16", stream=7) for m in (256, 44))
+    assert pc.plan.first == first.plan and pc.plan.second == second.plan
+    assert [lc.rec for lc in pc.launches] == [lc.rec for lc in first.launches + second.launches]
+    x, y, b = 1 << 20, 1 << 30, 1 << 40
+    pc.run(x, y, b)
+    n = len(first.launches)
+    for part, launches, rows in ((first, pc.launches[:n], 0), (second, pc.launches[n:], 256)):
+        part.run("x", "y", "b")    # the labels show which slot takes which pointer
+        for lc, ref in zip(launches, part.launches):
+            for got, want in zip(lc.slots, ref.slots):
+                expect = {"x": x + rows * K * 2, "y": y + rows * N * 2, "b": b}.get(want, want)
+                assert got == expect, (rows, lc.rec["variant"], lc.slots, ref.slots)
+    assert not isinstance(launch.prepare_call(w, 512, "float16", stream=7).plan, plans.RowSplit)
+    assert not isinstance(launch.prepare_call(w, 300, "float16", stream=7, batch_invariant=True).plan,
+                          plans.RowSplit)
+    monkeypatch.setattr(plans, "_ROW_SPLIT_GAIN", 0.0)
+    assert isinstance(launch.prepare_call(w, 300, "float16", stream=7).plan, plans.GemmPlan)
+
+
 def test_plans_are_frozen_data():
     p = plans.plan_gemv(1, 4096, 6144, 128)
     q = plans.plan_gemm(64, 4096, 4096, 128, wgmma=True)

@@ -459,9 +459,11 @@ def test_gemv_compiled_for_the_launch_shape(rng, K, N, G, kind, monkeypatch):
 # ---------------------------------------------------------------------------------------------------------------
 # The swapped GEMM (M > 12): every variant, forced split counts, awkward shapes
 # ---------------------------------------------------------------------------------------------------------------
-def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False, pend=None, reduce_cols=None, ksplit=1, tail=None):
+def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False, pend=None, reduce_cols=None, ksplit=1, tail=None,
+          token_tile=None):
     """Run the GEMM (the wgmma or the mma.sync kernel) with ``tiles`` column blocks per warp (and ``splits``, the
-    wgmma kernel's ``pend``, the split-K reduce kernel's columns per thread, a forced ``tail`` launch)."""
+    wgmma kernel's ``pend``, the split-K reduce kernel's columns per thread, a forced ``tail`` launch, a forced
+    ``token_tile``)."""
     from awq_cupy import launch
     from awq_cupy.jit import arch_of_device
 
@@ -471,7 +473,7 @@ def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False, pend=None, reduce_co
     b = cp.asarray(bias) if bias is not None else launch.NULL
     launch.run_gemm(xg, w, b, y, M, w.dtype, arch_of_device(w.device), launch.sm_count(w.device), False,
                      tiles=tiles, splits=splits, wgmma=wgmma, pend=pend, reduce_cols=reduce_cols, ksplit=ksplit,
-                     tail=tail)
+                     tail=tail, token_tile=token_tile)
     return y.get()
 
 
@@ -510,13 +512,13 @@ def test_gemm_variants_against_reference(rng, path, shape, K, N, G, kind):
     W64 = kernel_weight(Q, Z, S, G, kind)
     bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
     lo = tile // 2 + 1            # the smallest M that takes this token tile
-    # the tile's smallest and largest M, a forced split count, and (largest tile only) several token tiles
+    # the tile's smallest and largest M, a forced split count, and three token tiles (the last one 5 rows)
     for M, splits in ((lo, None), (tile, 1), (tile - 3, 3), (2 * tile + 5, None)):
-        if gemm_token_tile(M, wg) != tile:
+        if M <= tile and gemm_token_tile(M, wg) != tile:
             continue
         splits = None if splits is None else min(splits, w.KS)
         x = random_x(rng, M, K, kind)
-        assert_matmul_close(_gemm(x, w, tw, splits, bias, wg), x, W64, kind, bias=bias,
+        assert_matmul_close(_gemm(x, w, tw, splits, bias, wg, token_tile=tile), x, W64, kind, bias=bias,
                             what=f"GEMM {path} {shape} splits={splits} {K}x{N} G={G} M={M} {kind}")
 
 
@@ -549,6 +551,46 @@ def test_gemm_tail_launch_against_reference(rng, K, N, G, kind):
             n0 = 16 * p.tail_block0
             one = _gemm(x, w, None, None, b, True, tail=False)
             np.testing.assert_array_equal(y[:, :n0].view(np.uint16), one[:, :n0].view(np.uint16), err_msg=what)
+
+
+@pytest.mark.parametrize("kind", ["float16", "bfloat16"])
+def test_matmul_row_split_against_reference(rng, kind):
+    """M rows past whole 256-token tiles as two calls (plans.RowSplit): 256 + 1 rows (the rest on the GEMV), 256 +
+    44 (a 64-token tile) and 512 + 8, N % 16 = 8, with a bias: close to the reference, bitwise the two calls on the
+    row slices, and a captured CUDA graph of it replays bitwise what the eager call gives."""
+    from awq_cupy import launch, plans
+
+    if not _has_wgmma():
+        pytest.skip("the row split is planned for the wgmma GEMM (compute capability 9.0)")
+    K, N = 1024, 16392
+    Q, Z, S, G = random_layer(rng, K, N, 128)
+    w = _weight(Q, Z, S, G, kind)
+    W64 = kernel_weight(Q, Z, S, G, kind)
+    bias = cp.asarray((rng.standard_normal(N) * 0.1).astype(np_dtype(kind)))
+    stream = cp.cuda.get_current_stream().ptr
+    for M in (257, 300, 520):
+        pc = launch.prepare_call(w, M, kind, stream)
+        if not isinstance(pc.plan, plans.RowSplit):
+            pytest.skip(f"no row split planned on this GPU for M={M} ({launch.sm_count(w.device)} SMs): {pc.plan}")
+        rows = pc.plan.rows
+        assert rows == 256 * (M // 256)
+        x = cp.asarray(random_x(rng, M, K, kind))
+        y = awq_cupy.matmul(x, w, bias=bias)
+        assert_matmul_close(y.get(), x.get(), W64, kind, bias=bias.get(), what=f"row split M={M} {kind}")
+        parts = [awq_cupy.matmul(x[:rows], w, bias=bias), awq_cupy.matmul(x[rows:], w, bias=bias)]
+        np.testing.assert_array_equal(y.get().view(np.uint16), cp.concatenate(parts).get().view(np.uint16))
+        out = cp.full((M, N), np.nan, dtype=x.dtype)
+        s = cp.cuda.Stream(non_blocking=True)
+        with s:
+            awq_cupy.matmul(x, w, bias=bias, out=out)   # this stream's prepared call, outside the capture
+            s.begin_capture()
+            awq_cupy.matmul(x, w, bias=bias, out=out)
+            g = s.end_capture()
+        out.fill(np.nan)
+        cp.cuda.get_current_stream().synchronize()
+        g.launch(stream=s)
+        s.synchronize()
+        np.testing.assert_array_equal(out.get().view(np.uint16), y.get().view(np.uint16))
 
 
 @pytest.mark.parametrize("path", ["mma", "wgmma"])

@@ -199,21 +199,21 @@ def test_shards_on_the_gpu_sum_to_the_whole_layer(rng, fmt, dtype):
     x = rng.standard_normal((M, K)).astype(np.float32).astype(numpy_dtype(dtype))
     xg = cp.asarray(x)
 
-    def weight(lay):
+    def matmul(x, lay):   # the layer's own bias, where it has one (a row shard's only on rank 0)
         t = lay.to_gemm()
-        return awq_cupy.QuantizedWeight.from_gemm(t["qweight"], t["qzeros"], t["scales"], lay.config_group_size,
-                                                  dtype=dtype, bias=lay.bias)
+        w = awq_cupy.QuantizedWeight.from_gemm(t["qweight"], t["qzeros"], t["scales"], lay.config_group_size,
+                                               dtype=dtype, bias=lay.bias)
+        return awq_cupy.matmul(x, w, bias=w.bias).get().astype(np.float32)
 
-    whole = awq_cupy.matmul(xg, weight(layer)).get().astype(np.float32)
+    whole = matmul(xg, layer)
     ref = x.astype(np.float32) @ W + layer.bias.astype(np.float32)
     scale = np.abs(ref).max()
     # a shard's launch plan can differ from the whole layer's (narrower N), and with it the sum order: no bitwise check
-    cols = np.concatenate([awq_cupy.matmul(xg, weight(shard_layer(layer, Split.COLUMN, tp, r).layer)).get()
-                           for r in range(tp)], axis=1).astype(np.float32)
+    cols = np.concatenate([matmul(xg, shard_layer(layer, Split.COLUMN, tp, r).layer) for r in range(tp)], axis=1)
     assert np.abs(cols - ref).max() / scale < 2e-2
     rows = np.zeros((M, N), np.float32)
     for r in range(tp):
         s = shard_layer(layer, Split.ROW, tp, r)
         (a, b), = s.ranges
-        rows += awq_cupy.matmul(cp.ascontiguousarray(xg[:, a:b]), weight(s.layer)).get().astype(np.float32)
+        rows += matmul(cp.ascontiguousarray(xg[:, a:b]), s.layer)
     assert np.abs(rows - ref).max() / scale < 2e-2 and np.abs(whole - ref).max() / scale < 2e-2

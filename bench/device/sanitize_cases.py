@@ -83,6 +83,27 @@ if plans.has_wgmma(arch_of_device(0)):
                 y = cp.empty((M, N), dtype=x.dtype)
                 launch.run_gemm(x, w, bias, y, M, kind, arch_of_device(w.device), launch.sm_count(w.device), False,
                                  wgmma=True, tail=True)
+# Every wgmma GEMM shape over three token tiles, the last 5 rows (its token tile forced), and matmul's row split
+# (plans.RowSplit: whole 256-token tiles, then the rest as its own call: the GEMV for 1 and 8 rows, a 64-token tile
+# for 44), N % 16 = 8, with a bias
+if plans.has_wgmma(arch_of_device(0)):
+    for K, N, G, Ms, forced in [(1024, 520, 128, (), True), (1024, 16392, 128, (257, 300, 520), False)]:
+        t = gemm_tensors(K, N, G)
+        for kind in ("float16", "bfloat16"):
+            w = awq_cupy.QuantizedWeight.from_gemm(t["qweight"], t["qzeros"], t["scales"], G, dtype=kind)
+            dt = np.float16 if kind == "float16" else awq_cupy.dtypes.numpy_dtype("bfloat16")
+            bias = cp.asarray(rng.standard_normal(N).astype(np.float32).astype(dt))
+            for nb, tw, depth in GEMM_WG_SHAPES if forced else ():
+                M = 16 * nb + 5
+                x = cp.asarray(rng.standard_normal((M, K)).astype(np.float32).astype(dt))
+                y = cp.empty((M, N), dtype=x.dtype)
+                launch.run_gemm(x, w, bias, y, M, kind, arch_of_device(w.device), launch.sm_count(w.device), False,
+                                 tiles=tw, depth=depth, wgmma=True, token_tile=8 * nb)
+            for M in Ms:
+                pc = launch.prepare_call(w, M, kind, cp.cuda.get_current_stream().ptr)
+                assert isinstance(pc.plan, plans.RowSplit), (M, pc.plan)
+                x = cp.asarray(rng.standard_normal((M, K)).astype(np.float32).astype(dt))
+                awq_cupy.matmul(x, w, bias=bias)
 # The GEMV's three- and four-token-block variants (sm_90, groups of whole 64-k blocks: 17..32 rows), every one,
 # at odd shapes (K not a multiple of 64, one group, N not a multiple of 64, one block per CTA) and two warp counts
 for K, N, G in [(328, 136, -1), (1024, 520, 128), (1088, 4232, 64)]:
