@@ -232,9 +232,11 @@ def plan_splits(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: i
 @functools.lru_cache(maxsize=4096)
 def split_cost(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: int = 1, Np: int = 64,
                stage_us: float = _STAGE_US, min_per: int = _MIN_STAGES_PER_SPLIT,
-               per_sm: int = 1, share: float = _SHARE) -> tuple[float, int, int]:
-    """(modelled us, splits, stages per split) of ``plan_splits``' choice. Memoised: the search over split counts
-    costs tens of microseconds of host time, and ``matmul`` asks for the same shapes call after call."""
+               per_sm: int = 1, share: float = _SHARE, tensor_us: float = 0.0) -> tuple[float, int, int]:
+    """(modelled us, splits, stages per split) of ``plan_splits``' choice. ``tensor_us``: the unit's tensor-core
+    time, which k CTAs sharing an SM cannot overlap (a unit then takes at least k x ``tensor_us``); 0 leaves it out,
+    as the split planners do. Memoised: the search over split counts costs tens of microseconds of host time, and
+    ``matmul`` asks for the same shapes call after call."""
     base = n_ctas * m_tiles
     per_sm = max(1, per_sm)
     sms = max(1, resident // per_sm)
@@ -245,9 +247,9 @@ def split_cost(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: in
         ctas = base * real
         k = -(-ctas // sms)                     # CTAs the busiest SM runs over the whole grid
         if k <= per_sm:                         # all resident at once, k of them sharing that SM
-            t = per * stage_us * (1 + share * (k - 1))
+            t = per * max(stage_us * (1 + share * (k - 1)), tensor_us * k)
         else:                                   # waves of full SMs
-            t = -(-ctas // resident) * per * stage_us * (1 + share * (per_sm - 1))
+            t = -(-ctas // resident) * per * max(stage_us * (1 + share * (per_sm - 1)), tensor_us * per_sm)
         if real > 1:
             t += real * M * Np * 8 / (_PARTIAL_TBPS * 1e6) + _REDUCE_US
         if best is None or t < best[0] - 1e-9:
@@ -298,8 +300,10 @@ def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> boo
     """Dequantize + cuBLAS rather than the fused GEMM for M rows of a K x N weight on ``arch``: from the dispatch
     row's ``cublas_min_m`` on, for every shape, or, where the row has a cost model (and the fused GEMM is the
     wgmma one), where the model says so. The fused GEMM's modelled time is ``split_cost`` of its 256-token tile
-    with the row's unit time and one CTA per SM (the shape M >= 256 runs); dequantize + cuBLAS costs K x N x 2.5
-    bytes (int4 in, fp16 out) at ``dequant_tbps`` plus 2 M K N flops at ``cublas_tflops``."""
+    with the row's unit time and one CTA per SM (the shape M >= 256 runs); where M overruns whole 256-token tiles,
+    the cheaper of that and the row split's two calls (the whole tiles, then the rest on its own token tile, at the
+    row's unit time scaled as ``_unit_us`` scales it), as ``row_split`` may run them. Dequantize + cuBLAS costs
+    K x N x 2.5 bytes (int4 in, fp16 out) at ``dequant_tbps`` plus 2 M K N flops at ``cublas_tflops``."""
     from .kernels import GEMM_WARPS
     from .layout import padded_sizes
 
@@ -308,12 +312,18 @@ def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> boo
         return False
     if not row.has_cost_model or not uses_wgmma(arch, M):
         return True
-    nb, tw, _ = gemm_shape_for(M, wgmma=True)
     Kp, Np = padded_sizes(K, N)
-    fused = split_cost(Kp // 64, -(-(Np // 16) // (GEMM_WARPS * tw)), -(-M // (8 * nb)), resident=sm_count, M=M,
-                       Np=Np, stage_us=row.fused_unit_us, min_per=2, per_sm=1)[0]
+
+    def fused(m: int) -> float:
+        nb, tw, _ = gemm_shape_for(m, wgmma=True)
+        unit = row.fused_unit_us * _unit_us(nb, tw, True) / _unit_us(32, 1, True)
+        return split_cost(Kp // 64, -(-(Np // 16) // (GEMM_WARPS * tw)), -(-m // (8 * nb)), resident=sm_count,
+                          M=m, Np=Np, stage_us=unit, min_per=2, per_sm=1)[0]
+
+    rest = M % 256
+    t = fused(M) if not rest else min(fused(M), fused(M - rest) + fused(rest))
     dense = K * N * 2.5 / (row.dequant_tbps * 1e6) + 2.0 * M * K * N / (row.cublas_tflops * 1e6)
-    return dense < fused
+    return dense < t
 
 
 def gemv_tiles_for(M: int, NT16: int, grid: int, dtype: str = "float16", slot: dict | None = None) -> int:
@@ -674,16 +684,17 @@ _TAIL_LAUNCH_US = 1.0
 
 @functools.lru_cache(maxsize=4096)
 def tail_split_cost(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: int, Np: int, stage_us: float,
-                    min_per: int, per_sm: int, share: float, cols_per_tile: int) -> tuple[float, int, int, int]:
+                    min_per: int, per_sm: int, share: float, cols_per_tile: int,
+                    tensor_us: float = 0.0) -> tuple[float, int, int, int]:
     """(modelled us, first tail column tile, tail splits, units per tail split) of the fused GEMM run as whole waves
     of unsplit column tiles, then the other column tiles split K ways in a second launch (the split and its
     partials and reduce modelled by ``split_cost`` over those tiles' columns). Grids that are one wave or less, or
     whose remainder does not split, give ``first`` = 0 (no tail plan). The wave count of the first launch is
-    searched too: one wave fewer can leave a tail that splits better."""
+    searched too: one wave fewer can leave a tail that splits better. ``tensor_us`` as for ``split_cost``."""
     per_sm = max(1, per_sm)
     tiles = n_ctas * m_tiles
     full = tiles // resident
-    wave_us = K_stages * stage_us * (1 + share * (per_sm - 1))
+    wave_us = K_stages * max(stage_us * (1 + share * (per_sm - 1)), tensor_us * per_sm)
     best = (float("inf"), 0, 1, K_stages)
     for waves in range(1, full + 1):
         first = waves * resident // m_tiles
@@ -692,7 +703,8 @@ def tail_split_cost(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, 
         main = -(-first * m_tiles // resident) * wave_us
         cols = min(Np - first * cols_per_tile, (n_ctas - first) * cols_per_tile)
         t, splits, per = split_cost(K_stages, n_ctas - first, m_tiles, resident=resident, M=M, Np=cols,
-                                    stage_us=stage_us, min_per=min_per, per_sm=per_sm, share=share)
+                                    stage_us=stage_us, min_per=min_per, per_sm=per_sm, share=share,
+                                    tensor_us=tensor_us)
         if splits < 2:
             continue
         t += main + _TAIL_LAUNCH_US
@@ -722,10 +734,18 @@ def gemm_modelled_us(plan: GemmPlan, M: int, K: int, N: int, dtype: str, sm_coun
     kw = dict(resident=per_sm * sm_count, M=M, Np=Np, per_sm=per_sm, min_per=2 * plan.ksplit,
               stage_us=_unit_us(plan.token_blocks, plan.tiles, plan.wgmma) / plan.ksplit,
               share=_WG_SHARE if plan.wgmma else _SHARE)
-    if plan.tail is not None:
-        return tail_split_cost(Kp // 64, plan.grid[0] + plan.tail.ctas, plan.grid[2],
-                               cols_per_tile=16 * GEMM_WARPS * plan.tiles, **kw)[0]
-    return split_cost(Kp // 64, plan.grid[0], plan.grid[2], **kw)[0]
+    # CTAs sharing an SM (the 128-token tile's PEND 2 variant) share its tensor cores: without this bound the model
+    # times that variant's grids ~1.5x too fast (bench/results/h200_token_tiles_v47.txt, t128 against the model)
+    kw["tensor_us"] = _WG_UNIT_US_256 * plan.token_blocks * plan.tiles / 32 / plan.ksplit if plan.wgmma else 0.0
+    KS, m_tiles = Kp // 64, plan.grid[2]
+    if plan.tail is None:
+        return split_cost(KS, plan.grid[0], m_tiles, **kw)[0]
+    # whole waves of the unsplit column tiles, then the tail's (as tail_split_cost, for this plan's first tile)
+    first, cols = plan.grid[0], 16 * GEMM_WARPS * plan.tiles
+    wave = KS * max(kw["stage_us"] * (1 + kw["share"] * (per_sm - 1)), kw["tensor_us"] * per_sm)
+    main = -(-first * m_tiles // kw["resident"]) * wave
+    kw["Np"] = min(Np - first * cols, plan.tail.ctas * cols)
+    return main + split_cost(KS, plan.tail.ctas, m_tiles, **kw)[0] + _TAIL_LAUNCH_US
 
 
 def row_split(M: int, K: int, N: int, group_size: int, dtype: str, arch, sm_count: int,

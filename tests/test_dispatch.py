@@ -856,7 +856,7 @@ def test_tail_split_cost_models_whole_waves_then_one_split_wave():
 # bench/sweeps/token_tiles.py was checked against (docs/design.md §Row split)
 _ROW_SPLITS = {("mistral-7b", "qkv"): (257, 300, 320, 384, 640), ("mistral-7b", "o"): (640, 1100),
                ("mistral-7b", "gate_up"): (257, 300, 320, 384, 640, 1100), ("mistral-7b", "down"): (257, 300, 320, 640),
-               ("llama-2-70b", "qkv"): (257, 300, 320, 640), ("llama-2-70b", "o"): (257, 300, 320, 640),
+               ("llama-2-70b", "qkv"): (257, 300, 320), ("llama-2-70b", "o"): (257, 300, 320, 640),
                ("llama-2-70b", "gate_up"): (257, 300, 320, 384, 640),
                ("llama-2-70b", "down"): (257, 300, 320, 384, 640)}
 
@@ -882,6 +882,17 @@ def test_row_split_where_the_last_token_tile_is_mostly_padding():
                 assert row_split(M, K, N, 128, "float16", arch, 132, resident) == 0
             # no wgmma GEMM (sm_80; or only past its largest tile): one call
             assert row_split(300, K, N, 128, "float16", jit.ARCHS["80"], 108, resident) == 0
+
+
+def test_split_cost_bounds_co_resident_ctas_by_their_tensor_work():
+    from awq_cupy.plans import split_cost
+
+    # 224 CTAs of the 128-token tile, two per SM (Mistral-7B gate_up at M = 128): the 0.5 us floor x 1.1 for two
+    # sharing an SM, unless their tensor work (0.39 us each, 0.78 for the two) is longer
+    kw = dict(resident=264, M=128, Np=28672, stage_us=0.5, min_per=64, per_sm=2, share=0.1)
+    assert split_cost(64, 224, 1, **kw)[0] == pytest.approx(64 * 0.55)
+    assert split_cost(64, 224, 1, tensor_us=0.39, **kw)[0] == pytest.approx(64 * 0.78)
+    assert split_cost(64, 100, 1, tensor_us=0.39, **kw)[0] == pytest.approx(64 * 0.5)   # one CTA per SM: floor
 
 
 def test_forced_token_tile():
@@ -992,6 +1003,13 @@ def test_h200_cost_model_picks_the_measured_winner_per_layer():
         K, N = shapes[layer]
         assert cublas_beats_fused(M, K, N, ARCHS["90"]) == (best == "cublas"), (layer, M)
         assert uses_cublas(M, "float16", K=K, N=N) == (best == "cublas"), (layer, M)
+    # M = 1100 (four whole 256-token tiles and 76 rows): where the row split's two calls model below dequantize +
+    # cuBLAS, the fused GEMM. H200 (bench/results/h200_token_tiles_after_v47.txt), fused one call / row split / dequantize +
+    # cuBLAS in us: Llama-2-70B down 771.4 / 743.0 / 846.8, o 237.9 / 229.4 / 247.9; qkv 296.8 / 294.2 / 308.5
+    # stays on cuBLAS (modelled within the model's error)
+    assert not cublas_beats_fused(1100, 28672, 8192, ARCHS["90"])
+    assert not cublas_beats_fused(1100, 8192, 8192, ARCHS["90"])
+    assert cublas_beats_fused(1100, 8192, 10240, ARCHS["90"])
     # below cublas_min_m, without wgmma (no model for the mma.sync GEMM) and for bf16: the table's threshold
     row = dispatch.TABLE["90"]
     assert not cublas_beats_fused(row.cublas_min_m - 1, 4096, 6144, ARCHS["90"])
