@@ -1004,9 +1004,9 @@ def test_h200_cost_model_picks_the_measured_winner_per_layer():
         assert cublas_beats_fused(M, K, N, ARCHS["90"]) == (best == "cublas"), (layer, M)
         assert uses_cublas(M, "float16", K=K, N=N) == (best == "cublas"), (layer, M)
     # M = 1100 (four whole 256-token tiles and 76 rows): where the row split's two calls model below dequantize +
-    # cuBLAS, the fused GEMM. H200 (bench/results/h200_token_tiles_after_v47.txt), fused one call / row split / dequantize +
-    # cuBLAS in us: Llama-2-70B down 771.4 / 743.0 / 846.8, o 237.9 / 229.4 / 247.9; qkv 296.8 / 294.2 / 308.5
-    # stays on cuBLAS (modelled within the model's error)
+    # cuBLAS, the fused GEMM. H200 (bench/results/h200_token_tiles_after_v47.txt), fused one call / row split /
+    # dequantize + cuBLAS in us: Llama-2-70B down 771.4 / 743.0 / 846.8, o 237.9 / 229.4 / 247.9; qkv 296.8 /
+    # 294.2 / 308.5 stays on cuBLAS (modelled within the model's error)
     assert not cublas_beats_fused(1100, 28672, 8192, ARCHS["90"])
     assert not cublas_beats_fused(1100, 8192, 8192, ARCHS["90"])
     assert cublas_beats_fused(1100, 8192, 10240, ARCHS["90"])

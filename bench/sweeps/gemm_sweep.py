@@ -1,15 +1,17 @@
-"""Sweep the GEMM's launch parameters on the Mistral-7B layers, timed like `python -m awq_cupy bench` (queue
-preloaded, weights rotated). Usage:
+"""Sweep the GEMM's launch parameters on the Mistral-7B layers (GEMM_SWEEP_MODELS=llama-2-70b,...: those models'),
+timed like `python -m awq_cupy bench` (queue preloaded, weights rotated). Usage:
     python3 bench/sweeps/gemm_sweep.py [M,...] [json path] [extra wgmma shapes]   (default 16,32,64,128,256)
 Extra shapes, e.g. "2,2,8:8,1,8" (token blocks, column blocks per warp, depth), are instantiated for this run only.
 Every measurement is also logged to stderr as it completes (with the time since start), so a stalled launch shows
 which one it is.
 Per (layer, M): the mma.sync kernel (gemm_tc.cu, M <= 32) and the wgmma kernel (gemm_wg.cu, sm_90 only) with
 their planned launches, then every instantiated wgmma shape (token blocks, column blocks per warp, depth) of M's
-token tile at split counts 1, 2, 4, 8 (16 up to M = 128) and the planned one. Prints the best five per (layer, M)
+token tile at split counts 1, 2, 4, 8 (16 up to M = 128) and the planned one, each with every PEND variant of the
+shape, and two K streams (unsplit) where the shape has them. Prints the best five per (layer, M)
 and the sums; the JSON holds every measurement with the plan's split count and CTAs per SM (for the cost model).
 """
 import json
+import os
 import sys
 import time
 
@@ -34,7 +36,9 @@ timer = Timer()
 rng = np.random.default_rng(0)
 sums = {}
 records = []
-for name, K, N in MODELS["mistral-7b"]:
+layers = [(f"{m[:7]}/{name}", K, N) for m in os.environ.get("GEMM_SWEEP_MODELS", "mistral-7b").split(",")
+          for name, K, N in MODELS[m]]
+for name, K, N in layers:
     G = 128
     wq = rotated_weights(rng, K, N, G)
     nq = len(wq)
@@ -60,13 +64,17 @@ for name, K, N in MODELS["mistral-7b"]:
                 v = WgmmaVariant("float16", nb, tw, p, True)
                 per_sm = kernel(v).resident_blocks(32 * GEMM_WARPS, v.smem_bytes)
                 pp = plans.plan_gemm(M, K, N, G, wgmma=True, sm_count=sms, resident=per_sm * sms, tiles=tw, depth=p)
-                for sp in sorted({1, 2, 4, 8, pp.splits} | ({16} if M <= 128 else set())):
+                for sp, pend in ((sp, pend) for sp in sorted({1, 2, 4, 8, pp.splits} | ({16} if M <= 128 else set()))
+                                 for pend in kernels.gemm_wg_pends((nb, tw, p))):
                     if sp <= max(1, KS // 2):
-                        us = t(wgmma=True, tiles=tw, depth=p, splits=sp)
-                        res.append((us, f"{nb},{tw},{p}", sp))
+                        us = t(wgmma=True, tiles=tw, depth=p, splits=sp, pend=pend)
+                        res.append((us, f"{nb},{tw},{p}" + (f",pend{pend}" if pend else ""), sp))
                         records.append(dict(layer=name, K=K, N=N, M=M, shape=[nb, tw, p], splits=sp, us=us,
-                                            planned=sp == pp.splits, per_sm=per_sm, grid=pp.grid[0] *
-                                            pp.grid[2]))
+                                            pend=pend, planned=sp == pp.splits, per_sm=per_sm,
+                                            grid=pp.grid[0] * pp.grid[2]))
+                if (nb, tw, p) in kernels.GEMM_WG_KSPLIT_SHAPES:
+                    us = t(wgmma=True, tiles=tw, depth=p, splits=1, ksplit=2)
+                    res.append((us, f"{nb},{tw},{p},ksplit2", 1))
             res.sort()
             row["best"] = min(res[0][0], row["wg"])
         for k, v in row.items():
