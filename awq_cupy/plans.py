@@ -300,7 +300,8 @@ def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> boo
     """Dequantize + cuBLAS rather than the fused GEMM for M rows of a K x N weight on ``arch``: from the dispatch
     row's ``cublas_min_m`` on, for every shape, or, where the row has a cost model (and the fused GEMM is the
     wgmma one), where the model says so. The fused GEMM's modelled time is ``split_cost`` of its 256-token tile
-    with the row's unit time and one CTA per SM (the shape M >= 256 runs); where M overruns whole 256-token tiles,
+    with the row's unit time and one CTA per SM (the shape M >= 256 runs), or ``tail_split_cost`` where
+    ``plan_gemm`` would plan a tail launch; where M overruns whole 256-token tiles,
     the cheaper of that and the row split's two calls (the whole tiles, then the rest on its own token tile, at the
     row's unit time scaled as ``_unit_us`` scales it), as ``row_split`` may run them. Dequantize + cuBLAS costs
     K x N x 2.5 bytes (int4 in, fp16 out) at ``dequant_tbps`` plus 2 M K N flops at ``cublas_tflops``."""
@@ -314,11 +315,17 @@ def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> boo
         return True
     Kp, Np = padded_sizes(K, N)
 
-    def fused(m: int) -> float:
+    def fused(m: int) -> float:   # the one-launch plan, or whole waves and a split tail where that is planned
         nb, tw, _ = gemm_shape_for(m, wgmma=True)
         unit = row.fused_unit_us * _unit_us(nb, tw, True) / _unit_us(32, 1, True)
-        return split_cost(Kp // 64, -(-(Np // 16) // (GEMM_WARPS * tw)), -(-m // (8 * nb)), resident=sm_count,
-                          M=m, Np=Np, stage_us=unit, min_per=2, per_sm=1)[0]
+        kw = dict(resident=sm_count, M=m, Np=Np, stage_us=unit, min_per=2, per_sm=1, share=_WG_SHARE)
+        grid = (Kp // 64, -(-(Np // 16) // (GEMM_WARPS * tw)), -(-m // (8 * nb)))
+        t = split_cost(*grid, **kw)[0]
+        if nb >= _TAIL_MIN_NB:
+            t_tail = tail_split_cost(*grid, cols_per_tile=16 * GEMM_WARPS * tw, **kw)[0]
+            if t_tail < _TAIL_GAIN * t:
+                t = t_tail
+        return t
 
     rest = M % 256
     t = fused(M) if not rest else min(fused(M), fused(M - rest) + fused(rest))
@@ -626,12 +633,17 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
         one = plan_gemm(M, K, N, group_size, wgmma=wgmma, sm_count=sm_count, resident=resident, tiles=tiles,
                         splits=splits, batch_invariant=batch_invariant, depth=depth, ksplit=1, tail=False,
                         token_tile=token_tile)
-        if wgmma_ksplit(one, wgmma, batch_invariant, splits is not None) == 1:
-            if tail is False:
-                return one
-            return plan_gemm(M, K, N, group_size, wgmma=wgmma, sm_count=sm_count, resident=resident, tiles=tiles,
-                             splits=splits, batch_invariant=batch_invariant, depth=depth, ksplit=1, tail=tail,
-                             token_tile=token_tile)
+        ks = wgmma_ksplit(one, wgmma, batch_invariant, splits is not None)
+        if ks == 1 and tail is False:
+            return one
+        if tail is not False:
+            t = plan_gemm(M, K, N, group_size, wgmma=wgmma, sm_count=sm_count, resident=resident, tiles=tiles,
+                          splits=splits, batch_invariant=batch_invariant, depth=depth, ksplit=1, tail=tail,
+                          token_tile=token_tile)
+            # a split tail after whole waves beats two K streams where the model plans one: Mistral-7B qkv at
+            # M = 768, 70.3 against 85.5 us (bench/results/h200_tail_vs_ksplit_v47.txt)
+            if ks == 1 or t.tail is not None:
+                return t
         ksplit, splits = 2, 1
     if ksplit not in (1, 2) or (ksplit == 2 and not wgmma):
         raise ValueError(f"ksplit={ksplit}: 1, or 2 (two K streams per CTA) for the wgmma GEMM")
@@ -781,7 +793,9 @@ def wgmma_ksplit(plan: GemmPlan, wgmma: bool, batch_invariant: bool = False, for
     copied for 64 channels instead of 128 and each stream has half the x slots, so the saving is fixed and the
     cost grows with the units. Measured on the H200 (docs/design.md §wgmma GEMM (gemm_wg)): ~10% faster on
     Mistral-7B qkv at M = 256 and o at M = 512, ~1% at 16 units per stream (qkv M = 128); with more units per stream
-    it won a few percent or lost up to ~13% (Mistral-7B down, Llama-2-70B o and down). Replacing four splits by two
+    it won a few percent or lost up to ~13% (Mistral-7B down, Llama-2-70B o and down). Where ``plan_gemm`` plans a
+    split tail launch instead of the two-way split, the tail is taken (it ran ~18% faster than two streams on
+    Mistral-7B qkv at M = 640 and 768). Replacing four splits by two
     it lost or tied, and without a split to replace it lost more (~17%, gate_up M = 256): hence at most
     _KSPLIT_MAX_UNITS units and only in place of two splits. Batch-invariant calls and forced split counts keep one
     stream."""

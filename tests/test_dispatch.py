@@ -853,8 +853,9 @@ def test_tail_split_cost_models_whole_waves_then_one_split_wave():
 
 # Benchmark layers whose M rows matmul runs as two calls (plans.row_split) on the H200 (132 SMs, resident as in
 # the tail test), over M values past whole 256-token tiles: the model's choices the sweep of
-# bench/sweeps/token_tiles.py was checked against (docs/design.md §Row split)
-_ROW_SPLITS = {("mistral-7b", "qkv"): (257, 300, 320, 384, 640), ("mistral-7b", "o"): (640, 1100),
+# bench/sweeps/token_tiles.py was checked against (docs/design.md §Row split). Mistral-7B qkv at 640 runs one call
+# with a split tail instead (67.0 us, against 70.1 for the row split: h200_tail_vs_ksplit_v47.txt)
+_ROW_SPLITS = {("mistral-7b", "qkv"): (257, 300, 320, 384), ("mistral-7b", "o"): (640, 1100),
                ("mistral-7b", "gate_up"): (257, 300, 320, 384, 640, 1100), ("mistral-7b", "down"): (257, 300, 320, 640),
                ("llama-2-70b", "qkv"): (257, 300, 320), ("llama-2-70b", "o"): (257, 300, 320, 640),
                ("llama-2-70b", "gate_up"): (257, 300, 320, 384, 640),
@@ -986,30 +987,35 @@ def test_wgmma_smem_fits_the_h200_and_sm90_dispatch_uses_the_fused_gemm_up_to_76
     assert row.gemv_max_m < row.wgmma_min_m <= 32 and 256 <= row.cublas_min_m <= 1024
 
 
-# (layer, M) -> the faster path in the v20 tune (bench/results/h200_tune_v20.txt, us: fused wgmma GEMM vs
-# dequantize + cuBLAS) from the row's cublas_min_m (768) on, where the two differ by more than 4% (the model misses
-# qkv at M = 2048: 159.6 vs 153.4 us, 3.9%)
-_H200_TUNE_V20 = {("qkv", 768): "cublas", ("qkv", 1024): "cublas", ("qkv", 1536): "cublas", ("o", 768): "fused",
-                  ("o", 1024): "fused", ("o", 1536): "cublas", ("gate_up", 768): "fused", ("gate_up", 1024): "fused",
-                  ("down", 768): "fused", ("down", 1024): "fused"}
+# (model, layer, M) -> the faster path on the H200 from the row's cublas_min_m (768) on, where the two differ by
+# more than 4%, us fused wgmma GEMM vs dequantize + cuBLAS: the v20 tune (bench/results/h200_tune_v20.txt) where its
+# kernels are still today's plans, and the v47 sweep (h200_token_tiles_v47.txt) for the grids that now take a split
+# tail launch. Mistral-7B qkv at 768 and 1024 now run fused with a tail (70.3 vs 72.6, 88.1 vs 89.4 us: within 4%,
+# h200_tail_vs_ksplit_v47.txt). The model misses Mistral-7B qkv at 1536 (fused 126.6 vs 121.4, 4.2%) and, in v20,
+# qkv at 2048 (159.6 vs 153.4 us, 3.9%).
+_H200_MEASURED = {("mistral-7b", "o", 768): "fused", ("mistral-7b", "o", 1024): "fused",
+                  ("mistral-7b", "o", 1536): "cublas", ("mistral-7b", "gate_up", 768): "fused",
+                  ("mistral-7b", "gate_up", 1024): "fused", ("mistral-7b", "down", 768): "fused",
+                  ("mistral-7b", "down", 1024): "fused", ("mistral-7b", "down", 1280): "fused",
+                  ("llama-2-70b", "qkv", 1280): "fused", ("llama-2-70b", "o", 1280): "fused"}
 
 
 def test_h200_cost_model_picks_the_measured_winner_per_layer():
     from awq_cupy.jit import ARCHS
     from awq_cupy.plans import cublas_beats_fused
 
-    shapes = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096)}
-    for (layer, M), best in _H200_TUNE_V20.items():
-        K, N = shapes[layer]
+    from awq_cupy.bench import MODELS
+
+    for (model, layer, M), best in _H200_MEASURED.items():
+        K, N = next((k, n) for name, k, n in MODELS[model] if name == layer)
         assert cublas_beats_fused(M, K, N, ARCHS["90"]) == (best == "cublas"), (layer, M)
         assert uses_cublas(M, "float16", K=K, N=N) == (best == "cublas"), (layer, M)
     # M = 1100 (four whole 256-token tiles and 76 rows): where the row split's two calls model below dequantize +
     # cuBLAS, the fused GEMM. H200 (bench/results/h200_token_tiles_after_v47.txt), fused one call / row split /
-    # dequantize + cuBLAS in us: Llama-2-70B down 771.4 / 743.0 / 846.8, o 237.9 / 229.4 / 247.9; qkv 296.8 /
-    # 294.2 / 308.5 stays on cuBLAS (modelled within the model's error)
-    assert not cublas_beats_fused(1100, 28672, 8192, ARCHS["90"])
-    assert not cublas_beats_fused(1100, 8192, 8192, ARCHS["90"])
-    assert cublas_beats_fused(1100, 8192, 10240, ARCHS["90"])
+    # dequantize + cuBLAS in us: Llama-2-70B down 771.4 / 743.0 / 846.8, o 237.9 / 229.4 / 247.9, qkv 296.8 /
+    # 294.2 / 308.5 (its 5 x 79 tiles with a split tail launch)
+    for K, N in ((28672, 8192), (8192, 8192), (8192, 10240)):
+        assert not cublas_beats_fused(1100, K, N, ARCHS["90"]), (K, N)
     # below cublas_min_m, without wgmma (no model for the mma.sync GEMM) and for bf16: the table's threshold
     row = dispatch.TABLE["90"]
     assert not cublas_beats_fused(row.cublas_min_m - 1, 4096, 6144, ARCHS["90"])
