@@ -123,8 +123,8 @@ class RowSplit:
     fused GEMM, ``first`` their plan) and the rest (``second``: its own plan, a GEMV or a GEMM of a smaller token
     tile), instead of one GEMM whose last token tile is mostly padding (``row_split``)."""
     rows: int
-    first: object
-    second: object
+    first: GemmPlan
+    second: GemmPlan | GemvPlan
 
 
 def choose_path(M: int, K: int, N: int, group_size: int, dtype: str, arch, sm_count: int, *,
@@ -641,7 +641,7 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
                           splits=splits, batch_invariant=batch_invariant, depth=depth, ksplit=1, tail=tail,
                           token_tile=token_tile)
             # a split tail after whole waves beats two K streams where the model plans one: Mistral-7B qkv at
-            # M = 768, 70.3 against 85.5 us (bench/results/h200_tail_vs_ksplit_v47.txt)
+            # M = 768, 70.3 against 85.5 us (docs/design.md §Split-K reduce)
             if ks == 1 or t.tail is not None:
                 return t
         ksplit, splits = 2, 1
@@ -747,7 +747,7 @@ def gemm_modelled_us(plan: GemmPlan, M: int, K: int, N: int, dtype: str, sm_coun
               stage_us=_unit_us(plan.token_blocks, plan.tiles, plan.wgmma) / plan.ksplit,
               share=_WG_SHARE if plan.wgmma else _SHARE)
     # CTAs sharing an SM (the 128-token tile's PEND 2 variant) share its tensor cores: without this bound the model
-    # times that variant's grids ~1.5x too fast (bench/results/h200_token_tiles_v47.txt, t128 against the model)
+    # times that variant's grids ~1.5x too fast (docs/design.md §Row split)
     kw["tensor_us"] = _WG_UNIT_US_256 * plan.token_blocks * plan.tiles / 32 / plan.ksplit if plan.wgmma else 0.0
     KS, m_tiles = Kp // 64, plan.grid[2]
     if plan.tail is None:
