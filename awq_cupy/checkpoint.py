@@ -66,7 +66,7 @@ _VERSION_ALIASES = {
 _ZERO_NAMES = ("qzeros", "scaled_zeros")        # AutoAWQ / llm-awq (docs/formats.md §The gemv_fast layout)
 _LAYER_PARTS = ("qweight",) + _ZERO_NAMES + ("scales",)
 _FLOAT_CODES = ("F16", "BF16", "F32")
-_AUTO_PROGRESS_BYTES = 2 << 30                 # default progress only for checkpoints of at least 2 GiB
+AUTO_PROGRESS_BYTES = 2 << 30                 # default progress only for checkpoints of at least 2 GiB
 
 
 class CheckpointError(ValueError):
@@ -147,7 +147,8 @@ class QuantConfig:
                 "modules_to_not_convert": list(self.modules_to_not_convert) or None}
 
 
-def _read_json(path: Path):
+def read_json(path: Path):
+    """A JSON file's content; a clear CheckpointError naming the file when it cannot be read (also convert's)."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -157,14 +158,14 @@ def _read_json(path: Path):
 def _read_config(d: Path) -> tuple[dict, QuantConfig]:
     config = {}
     if (d / CONFIG_FILE).is_file():
-        config = _read_json(d / CONFIG_FILE)
+        config = read_json(d / CONFIG_FILE)
         if not isinstance(config, dict):
             raise CheckpointError(f"{d / CONFIG_FILE}: must hold a JSON object")
         if config.get("quantization_config") is not None:
             return config, QuantConfig.from_dict(config["quantization_config"], str(d / CONFIG_FILE))
     for name in OLD_CONFIG_FILES:
         if (d / name).is_file():
-            return config, QuantConfig.from_dict(_read_json(d / name), str(d / name))
+            return config, QuantConfig.from_dict(read_json(d / name), str(d / name))
     found = "config.json has no 'quantization_config'" if (d / CONFIG_FILE).is_file() else "no config.json"
     raise CheckpointError(
         f"{d}: missing quantization config ({found}, and no {' / '.join(OLD_CONFIG_FILES)}); "
@@ -314,16 +315,16 @@ class Checkpoint:
 # Loading
 
 def _make_progress(progress, total_bytes: int) -> Callable[[int, int, str], None] | None:
-    return make_reporter(progress, total_bytes >= _AUTO_PROGRESS_BYTES)
+    return make_reporter(progress, total_bytes >= AUTO_PROGRESS_BYTES)
 
 
-def _weight_files(d: Path) -> tuple[list[Path], dict | None, Path | None]:
+def weight_files(d: Path) -> tuple[list[Path], dict | None, Path | None]:
     """(files, weight_map or None, index path or None) following transformers' preference order."""
     if (d / SINGLE_FILE).is_file():
         return [d / SINGLE_FILE], None, None
     index = d / INDEX_FILE
     if index.is_file():
-        data = _read_json(index)
+        data = read_json(index)
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError(f"{index}: no 'weight_map' object")
@@ -339,7 +340,8 @@ def _weight_files(d: Path) -> tuple[list[Path], dict | None, Path | None]:
     return files, None, None
 
 
-def _open(path: Path, bf16: str) -> SafetensorsFile:
+def open_weight_file(path: Path, bf16: str) -> SafetensorsFile:
+    """One .safetensors file (``bf16`` as for SafetensorsFile); a malformed file as a CheckpointError."""
     try:
         return SafetensorsFile(path, bf16=bf16)
     except SafetensorsError as e:
@@ -357,19 +359,19 @@ def load_checkpoint(path, *, progress=None, bf16: str = "auto") -> Checkpoint:
         d, (files, weight_map, index) = p.parent, ([p], None, None)
     else:
         d = p
-        files, weight_map, index = _weight_files(d)
+        files, weight_map, index = weight_files(d)
     config, qc = _read_config(d)
 
     report = _make_progress(progress, sum(f.stat().st_size for f in files))
     opened: list[SafetensorsFile] = []
     for i, f in enumerate(files):
-        opened.append(_open(f, bf16))
+        opened.append(open_weight_file(f, bf16))
         if report:
             report(i + 1, len(files), f"opening {f.name}")
 
     where: dict[str, SafetensorsFile] = {}
     if weight_map is not None:
-        by_name = dict(zip(dict.fromkeys(weight_map.values()), opened))   # same order as _weight_files
+        by_name = dict(zip(dict.fromkeys(weight_map.values()), opened))   # same order as weight_files
         for name, shard in weight_map.items():
             if name not in by_name[shard]:
                 raise CheckpointError(f"{index}: weight_map puts {name!r} in {shard}, but that file has no such tensor")
@@ -641,7 +643,8 @@ class _TensorUnit:
         return self._source[name]
 
 
-def _stale_files(d: Path) -> list[Path]:
+def stale_files(d: Path) -> list[Path]:
+    """The checkpoint files in ``d`` that writing a checkpoint there replaces: weights, index, config, shards."""
     out = [d / n for n in (SINGLE_FILE, INDEX_FILE, CONFIG_FILE) if (d / n).exists()]
     return out + sorted(p for p in d.glob("model-*-of-*.safetensors") if _SHARD_RE.fullmatch(p.name))
 
@@ -716,7 +719,7 @@ def save_checkpoint(path, layers: Mapping[str, Any], other_tensors: Mapping[str,
         size += u.nbytes
 
     d.mkdir(parents=True, exist_ok=True)
-    stale = _stale_files(d)
+    stale = stale_files(d)
     if stale and not overwrite:
         raise FileExistsError(f"{d} already holds {', '.join(p.name for p in stale)}; pass overwrite=True")
     for p in stale:

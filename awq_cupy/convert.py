@@ -42,8 +42,8 @@ from typing import Callable, Iterable, Iterator, TextIO
 from . import formats
 from ._array import make_reporter
 from .checkpoint import (
-    _AUTO_PROGRESS_BYTES, CONFIG_FILE, OLD_CONFIG_FILES, Checkpoint, CheckpointError, LazyTensors, PendingLayer,
-    QuantConfig, _open, _read_json, _stale_files, _weight_files, load_checkpoint, save_checkpoint,
+    AUTO_PROGRESS_BYTES, CONFIG_FILE, OLD_CONFIG_FILES, Checkpoint, CheckpointError, LazyTensors, PendingLayer,
+    QuantConfig, open_weight_file, read_json, stale_files, weight_files, load_checkpoint, save_checkpoint,
 )
 from .quantize import QuantizedTensors, quantize
 from .safetensors_io import SafetensorsFile
@@ -226,7 +226,7 @@ def _source_kind(d: Path) -> tuple[SourceKind, dict]:
                               "weights)")
     config_path, config = d / CONFIG_FILE, {}
     if config_path.is_file():
-        config = _read_json(config_path)
+        config = read_json(config_path)
         if not isinstance(config, dict):
             raise CheckpointError(f"{config_path}: must hold a JSON object")
         if config.get("quantization_config") is not None:
@@ -260,7 +260,7 @@ def _check_destination(dst: Path, side: list[Path], overwrite: bool) -> None:
         raise ValueError(f"{dst} exists and is not a directory")
     if overwrite or not dst.is_dir():
         return
-    held = [p.name for p in _stale_files(dst)]
+    held = [p.name for p in stale_files(dst)]
     held += [p.name for p in side if (dst / p.name).exists() and not _same_file(p, dst / p.name)]
     if held:
         raise FileExistsError(f"{dst} already holds {', '.join(held)}; pass overwrite=True (--overwrite) to "
@@ -279,7 +279,7 @@ def _copy_side_files(side: list[Path], dst: Path) -> tuple[str, ...]:
 
 
 def _reporter(progress, nbytes: int) -> Reporter | None:
-    return make_reporter(progress, nbytes >= _AUTO_PROGRESS_BYTES)
+    return make_reporter(progress, nbytes >= AUTO_PROGRESS_BYTES)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -362,9 +362,9 @@ def _open_dense(d: Path) -> dict[str, SafetensorsFile]:
     if not any(d.glob("*.safetensors")) and any(d.glob("*.bin")):
         raise CheckpointError(f"{d}: holds PyTorch .bin weights only; convert reads safetensors (re-save the model "
                               "with safe_serialization=True, or convert it with the safetensors tools)")
-    files, _, _ = _weight_files(d)
+    files, _, _ = weight_files(d)
     where: dict[str, SafetensorsFile] = {}
-    for sf in (_open(f, "uint16") for f in files):
+    for sf in (open_weight_file(f, "uint16") for f in files):
         for name in sf.keys():
             if name in where:
                 raise CheckpointError(f"tensor {name!r} appears in both {where[name].path} and {sf.path}")

@@ -52,7 +52,7 @@ import numpy as np
 from . import formats
 from ._array import make_reporter
 from .weight import check_group_size
-from .checkpoint import (_AUTO_PROGRESS_BYTES, Checkpoint, CheckpointError, CheckpointWarning, FormatMismatchWarning,
+from .checkpoint import (AUTO_PROGRESS_BYTES, Checkpoint, CheckpointError, CheckpointWarning, FormatMismatchWarning,
                          NoQuantizedLayersWarning, OrphanTensorsWarning, QuantConfig,
                          QuantizedLayer, load_checkpoint)
 
@@ -330,7 +330,7 @@ def inspect_checkpoint(path, *, scan: bool = True, progress=None, bf16: str = "a
         tensors = tuple(_tensor_summary(ckpt, n) for n in sorted(ckpt.tensors, key=_natural_key))
         problems = _checkpoint_problems(ckpt, ours)
         if scan:
-            report = make_reporter(progress, sum(layer.nbytes for layer in layers) >= _AUTO_PROGRESS_BYTES)
+            report = make_reporter(progress, sum(layer.nbytes for layer in layers) >= AUTO_PROGRESS_BYTES)
             for i, name in enumerate(names):
                 problems.extend(_scan_layer(ckpt.layers[name], ckpt.quant_config))
                 if report:

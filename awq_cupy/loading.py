@@ -136,7 +136,7 @@ def to_gpu(ckpt, *, dtype="float16", device=None, fuse=False, names: Sequence[st
     require_gpu("Checkpoint.to_gpu")
     import cupy
 
-    from .checkpoint import _AUTO_PROGRESS_BYTES, CheckpointError
+    from .checkpoint import AUTO_PROGRESS_BYTES, CheckpointError
     from .dtypes import dtype_name
 
     kind = dtype_name(dtype)
@@ -151,7 +151,7 @@ def to_gpu(ckpt, *, dtype="float16", device=None, fuse=False, names: Sequence[st
         wanted = set(names)
         layers = {n: layer for n, layer in layers.items() if n in wanted}
     groups = plan_groups(layers, fuse)
-    report = make_reporter(progress, ckpt.nbytes >= _AUTO_PROGRESS_BYTES)
+    report = make_reporter(progress, ckpt.nbytes >= AUTO_PROGRESS_BYTES)
     dev = device if device is not None else cupy.cuda.runtime.getDevice()
     out: dict[str, QuantizedWeight] = {}
     with cupy.cuda.Device(dev):
