@@ -2,6 +2,7 @@
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -117,7 +118,26 @@ def test_arch_90_means_the_whole_hopper_build(monkeypatch):
     assert _parsed(monkeypatch, "_cmd_compile", ["compile", "--arch", "sm_86, 90a,90"])["arch"] == ["86", "90a", "90"]
     from awq_cupy import jit
 
-    assert _parsed(monkeypatch, "_cmd_compile", ["compile"])["arch"] == list(jit.ARCHS)
+    assert _parsed(monkeypatch, "_cmd_compile", ["compile"])["arch"] is None   # every arch (compile_all)
+    assert set(jit.ARCHS) >= {"90", "90a"}
+
+
+@pytest.mark.parametrize("argv,archs", [([], ["75", "80", "86", "89", "90"]), (["--arch", "90a"], ["90a"]),
+                                        (["--ar", "90a"], ["90a"]), (["--arch=80,90"], ["80", "90", "90a"])])
+def test_compile_source_targets(monkeypatch, argv, archs):
+    """``compile --source``: the generic targets by default (arch-specific code only when named), the named ones
+    otherwise, however argparse was given them (an abbreviated option included)."""
+    from awq_cupy import cli, jit
+
+    seen = []
+
+    def fake(source, names, arch, **kw):
+        seen.append(arch)
+        return types.SimpleNamespace(report=lambda: "", log="", resources={}, arch=jit.ARCHS[arch])
+
+    monkeypatch.setattr(jit, "compile_file", fake)
+    assert cli.main(["compile", "--source", "mine.cu", "--name", "k", *argv]) == 0
+    assert seen == archs
 
 
 @pytest.mark.parametrize("arch", ["", ",", " "])
