@@ -697,19 +697,20 @@ _TAIL_LAUNCH_US = 1.0
 @functools.lru_cache(maxsize=4096)
 def tail_split_cost(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: int, Np: int, stage_us: float,
                     min_per: int, per_sm: int, share: float, cols_per_tile: int,
-                    tensor_us: float = 0.0) -> tuple[float, int, int, int]:
+                    tensor_us: float = 0.0, first: int | None = None) -> tuple[float, int, int, int]:
     """(modelled us, first tail column tile, tail splits, units per tail split) of the fused GEMM run as whole waves
     of unsplit column tiles, then the other column tiles split K ways in a second launch (the split and its
     partials and reduce modelled by ``split_cost`` over those tiles' columns). Grids that are one wave or less, or
     whose remainder does not split, give ``first`` = 0 (no tail plan). The wave count of the first launch is
-    searched too: one wave fewer can leave a tail that splits better. ``tensor_us`` as for ``split_cost``."""
+    searched too: one wave fewer can leave a tail that splits better. ``tensor_us`` as for ``split_cost``;
+    ``first``: the time of a plan whose tail starts at that column tile (no search; its split as modelled)."""
     per_sm = max(1, per_sm)
     tiles = n_ctas * m_tiles
     full = tiles // resident
     wave_us = K_stages * max(stage_us * (1 + share * (per_sm - 1)), tensor_us * per_sm)
     best = (float("inf"), 0, 1, K_stages)
-    for waves in range(1, full + 1):
-        first = waves * resident // m_tiles
+    search = first is None
+    for first in (w * resident // m_tiles for w in range(1, full + 1)) if search else (first,):
         if not 0 < first < n_ctas:
             continue
         main = -(-first * m_tiles // resident) * wave_us
@@ -717,7 +718,7 @@ def tail_split_cost(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, 
         t, splits, per = split_cost(K_stages, n_ctas - first, m_tiles, resident=resident, M=M, Np=cols,
                                     stage_us=stage_us, min_per=min_per, per_sm=per_sm, share=share,
                                     tensor_us=tensor_us)
-        if splits < 2:
+        if splits < 2 and search:
             continue
         t += main + _TAIL_LAUNCH_US
         if t < best[0] - 1e-9:
@@ -749,15 +750,10 @@ def gemm_modelled_us(plan: GemmPlan, M: int, K: int, N: int, dtype: str, sm_coun
     # CTAs sharing an SM (the 128-token tile's PEND 2 variant) share its tensor cores: without this bound the model
     # times that variant's grids ~1.5x too fast (docs/design.md §Row split)
     kw["tensor_us"] = _WG_UNIT_US_256 * plan.token_blocks * plan.tiles / 32 / plan.ksplit if plan.wgmma else 0.0
-    KS, m_tiles = Kp // 64, plan.grid[2]
     if plan.tail is None:
-        return split_cost(KS, plan.grid[0], m_tiles, **kw)[0]
-    # whole waves of the unsplit column tiles, then the tail's (as tail_split_cost, for this plan's first tile)
-    first, cols = plan.grid[0], 16 * GEMM_WARPS * plan.tiles
-    wave = KS * max(kw["stage_us"] * (1 + kw["share"] * (per_sm - 1)), kw["tensor_us"] * per_sm)
-    main = -(-first * m_tiles // kw["resident"]) * wave
-    kw["Np"] = min(Np - first * cols, plan.tail.ctas * cols)
-    return main + split_cost(KS, plan.tail.ctas, m_tiles, **kw)[0] + _TAIL_LAUNCH_US
+        return split_cost(Kp // 64, plan.grid[0], plan.grid[2], **kw)[0]
+    return tail_split_cost(Kp // 64, plan.grid[0] + plan.tail.ctas, plan.grid[2], first=plan.grid[0],
+                           cols_per_tile=16 * GEMM_WARPS * plan.tiles, **kw)[0]
 
 
 def row_split(M: int, K: int, N: int, group_size: int, dtype: str, arch, sm_count: int,

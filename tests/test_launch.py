@@ -98,6 +98,24 @@ def _replay_case(arch, sms, K, N, G, dtype, M, bi, workspaces):
     return dict(path=path.value, launches=[dict(lc.rec, args=lc.slots) for lc in pc.launches])
 
 
+def _fake_launch_layer(monkeypatch):
+    """The recording's fakes: recorded kernels (_RecKernel's CTAs per SM), labelled launches, fixed workspaces
+    (returned), the H200's arch and SM count; the built-in dispatch table."""
+    log: list = []
+    monkeypatch.setenv("AWQ_CUPY_DISPATCH", "builtin")
+    settings.reload()
+    monkeypatch.setattr(kernels, "kernel", lambda v, dev=None: _RecKernel(v.family, v.expr, log))
+    monkeypatch.setattr(kernels, "get_kernel", lambda fam, v, dev=None: _RecKernel(fam.name, jit.variant_expr(v), log))
+    monkeypatch.setattr(launch, "Launch", _FakeLaunch)
+    monkeypatch.setattr(launch, "_gemv_shape_kernels", {})
+    workspaces = {what: types.SimpleNamespace(data=types.SimpleNamespace(ptr=0)) for what in ("partials", "x_tiles")}
+    monkeypatch.setattr(launch, "workspace", lambda n, dev, stream, what="partials": workspaces[what])
+    _FakeLaunch.names = {**{id(v): f"ws:{k}" for k, v in workspaces.items()}}
+    monkeypatch.setattr(jit, "arch_of_device", lambda dev: jit.ARCHS["90"])
+    monkeypatch.setattr(launch, "sm_count", lambda dev: 132)
+    return workspaces
+
+
 def test_launches_equal_the_uncached_implementations(monkeypatch):
     """Over 2288 cases (11 layer shapes with group sizes 128, 64, 32 and one group; M = 1 to 4096 across every
     dispatch boundary; fp16 and bf16; batch-invariant or not; sm_90 and sm_80) the path, and every launch's kernel
@@ -105,19 +123,11 @@ def test_launches_equal_the_uncached_implementations(monkeypatch):
     order, equal what the ops.py of 8c7ed94 launched (recorded by the script
     ``git show 8c7ed94:bench/record_plans.py``, with the same fake kernels)."""
     recorded = json.load(gzip.open(HERE / "data" / "launch_plans_8c7ed94.json.gz"))["cases"]
-    monkeypatch.setenv("AWQ_CUPY_DISPATCH", "builtin")
     monkeypatch.delenv("AWQ_CUPY_GEMV_SHAPES", raising=False)
     monkeypatch.delenv("AWQ_CUPY_PDL", raising=False)
     monkeypatch.delenv("AWQ_CUPY_WGMMA", raising=False)
     monkeypatch.setattr(plans, "_TAIL_GAIN", 0.0)   # the record predates tail launches (tests/test_dispatch.py)
-    settings.reload()
-    log: list = []
-    monkeypatch.setattr(kernels, "kernel", lambda v, dev=None: _RecKernel(v.family, v.expr, log))
-    monkeypatch.setattr(kernels, "get_kernel", lambda fam, v, dev=None: _RecKernel(fam.name, jit.variant_expr(v), log))
-    monkeypatch.setattr(launch, "Launch", _FakeLaunch)
-    monkeypatch.setattr(launch, "_gemv_shape_kernels", {})
-    workspaces = {what: types.SimpleNamespace(data=types.SimpleNamespace(ptr=0)) for what in ("partials", "x_tiles")}
-    monkeypatch.setattr(launch, "workspace", lambda n, dev, stream, what="partials": workspaces[what])
+    workspaces = _fake_launch_layer(monkeypatch)     # (its settings.reload() reads the environment above)
     seen = 0
     for arch_key, sms in REC_ARCHS:
         arch = jit.ARCHS[arch_key]
@@ -183,22 +193,6 @@ def test_prepared_call_hands_the_driver_its_config_and_patched_parameters(monkey
         pc.run(1, 2)
     with pytest.raises(TypeError, match="numpy scalar"):
         driver.Launch(k, (1,), (32,), (5,))
-
-
-def _fake_launch_layer(monkeypatch):
-    """The replay test's fakes: recorded kernels (_RecKernel's CTAs per SM), labelled launches, fixed workspaces."""
-    log: list = []
-    monkeypatch.setenv("AWQ_CUPY_DISPATCH", "builtin")
-    settings.reload()
-    monkeypatch.setattr(kernels, "kernel", lambda v, dev=None: _RecKernel(v.family, v.expr, log))
-    monkeypatch.setattr(kernels, "get_kernel", lambda fam, v, dev=None: _RecKernel(fam.name, jit.variant_expr(v), log))
-    monkeypatch.setattr(launch, "Launch", _FakeLaunch)
-    monkeypatch.setattr(launch, "_gemv_shape_kernels", {})
-    workspaces = {what: types.SimpleNamespace(data=types.SimpleNamespace(ptr=0)) for what in ("partials", "x_tiles")}
-    monkeypatch.setattr(launch, "workspace", lambda n, dev, stream, what="partials": workspaces[what])
-    _FakeLaunch.names = {**{id(v): f"ws:{k}" for k, v in workspaces.items()}}
-    monkeypatch.setattr(jit, "arch_of_device", lambda dev: jit.ARCHS["90"])
-    monkeypatch.setattr(launch, "sm_count", lambda dev: 132)
 
 
 def test_row_split_runs_whole_tiles_then_the_rest_at_their_offsets(monkeypatch):
