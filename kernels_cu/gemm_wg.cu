@@ -31,6 +31,9 @@
 // them; docs/design.md §wgmma GEMM (gemm_wg)).
 // Work split: CTA = 8 warps (2 warpgroups) x TW 16-column blocks per warp x BM tokens; grid (column tiles, splits,
 // token tiles); split-K partials summed by awq_splitk_reduce_kernel (gemm_tc.cu) in split order.
+// Epilogue: the tile (y in T, or the split's fp32 partials) is laid out in the free x slots and leaves in 16-byte
+// chunks of whole rows (awq_wg::store_tile_staged, store_partials_staged): stored from the wgmma layout, a warp's
+// store instruction touches four token rows and the tensor cores idle meanwhile (7% of gate_up at M = 4096).
 // Variants: T x (NB, TW, P) x GA (table: awq_cupy/kernels.py GEMM_WG_SHAPES); awq_tile_x_kernel per T.
 #include "common.cuh"
 #include "gemm_units.cuh"
@@ -62,6 +65,99 @@ template <int TW> AWQ_DEVICE void retire(u32 (&a)[TW][4]) {
   for (int i = 0; i < TW; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i][j]));
+}
+
+// Four 8 x 8 matrices of 16-bit values stored transposed (stmatrix .trans, sm_90): register r of a thread holds
+// row lane / 4, columns 2 (lane % 4) and + 1 of matrix r (the mma C fragment layout, low half first); lane l gives
+// the address of row l % 8 of matrix l / 8, where column c of the fragment is written as that row's 16 bytes.
+AWQ_DEVICE void stmatrix_x4_trans(u32 addr, const u32 (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+AWQ_DEVICE void sts32(u32 addr, float v) { asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory"); }
+
+// The epilogue through shared memory. Stored straight from the wgmma layout, each store instruction of a warp
+// touches four token rows (2 or 4 bytes a lane, 128 instructions per thread at 256 tokens), all while the tensor
+// cores idle; staged, the tile leaves as whole 16-byte chunks, a warp's stores covering contiguous rows.
+// The stage: the tile's BM token rows of CPR 16-byte chunks at the 1024-byte aligned shared address `stage` (free
+// x slots), chunk c of row r at c ^ (r % 8), so that the rows a warp writes at once and the chunks it reads fall in
+// distinct banks. A warp's TW blocks are the tile's local blocks lb0.. (channels 16 lb.. of the tile). NT threads
+// (st = 0..NT-1, named barrier BAR) stage and then copy the tile; the caller has made sure that no wgmma still
+// reads the slots and, for two K streams, that the hand-off area below `stage` is no longer read.
+template <int CPR> AWQ_DEVICE u32 stage_chunk(u32 stage, int row, int c) {
+  return stage + row * (16 * CPR) + ((c ^ (row & 7)) << 4);
+}
+
+// Copy phase: row r < rows of the stage to dst + r row_bytes, its chunks c < chunks (the tile's columns inside the
+// output), one 16-byte load and store per chunk; every thread keeps one chunk column (NT % CPR == 0).
+template <int BM, int CPR, int NT, int BAR>
+AWQ_DEVICE void copy_staged(u32 stage, unsigned char* __restrict__ dst, long long row_bytes, int rows, int chunks,
+                            int st) {
+  static_assert(CPR >= 8 && (CPR & (CPR - 1)) == 0 && NT % CPR == 0 && (BM * CPR) % NT == 0, "whole rounds");
+  if constexpr (NT == THREADS) __syncthreads();
+  else asm volatile("bar.sync %0, %1;\n" ::"n"(BAR), "n"(NT) : "memory");
+  const int c = st & (CPR - 1);
+  if (c >= chunks) return;
+#pragma unroll
+  for (int rr = 0; rr < BM * CPR / NT; ++rr) {
+    const int row = (st + NT * rr) / CPR;
+    const uint4 v = lds128(stage_chunk<CPR>(stage, row, c));
+    if (row < rows) *reinterpret_cast<uint4*>(dst + row * row_bytes + 16 * c) = v;
+  }
+}
+
+// y directly: CH channels of T per row (8 a chunk), rounded with the bias added as store_swapped_tile does; the
+// stage's 8 x 8 matrices written transposed by stmatrix, two token blocks and both channel halves at once.
+template <typename T, int TW, int NB, int CH, int NT, int BAR>
+AWQ_DEVICE void store_tile_staged(const float (&acc)[TW][4 * NB], const T* __restrict__ bias, T* __restrict__ y,
+                                  int M, int N, int m0, int c0, int lb0, u32 stage, int st, int lane) {
+  constexpr int CPR = CH / 8;
+  static_assert(NB % 2 == 0, "token blocks in pairs");
+  const int g8 = lane >> 2;
+#pragma unroll
+  for (int i = 0; i < TW; ++i) {
+    const int ch = c0 + 16 * (lb0 + i) + g8;
+    const float b0 = (bias != nullptr && ch < N) ? Traits<T>::to_float(bias[ch]) : 0.f;
+    const float b1 = (bias != nullptr && ch + 8 < N) ? Traits<T>::to_float(bias[ch + 8]) : 0.f;
+    const int chunk = 2 * (lb0 + i) + ((lane >> 3) & 1);
+#pragma unroll
+    for (int jp = 0; jp < NB / 2; ++jp) {
+      u32 r[4];
+#pragma unroll
+      for (int mi = 0; mi < 4; ++mi) {   // matrix mi: token block 2 jp + mi / 2, channels + 8 (mi % 2)
+        const int j = 2 * jp + (mi >> 1), e = 2 * (mi & 1);
+        const float bv = (mi & 1) ? b1 : b0;
+        r[mi] = pack2<T>(acc[i][4 * j + e] + bv, acc[i][4 * j + e + 1] + bv);
+      }
+      stmatrix_x4_trans(stage_chunk<CPR>(stage, 16 * jp + 8 * (lane >> 4) + (lane & 7), chunk), r);
+    }
+  }
+  // N % 8 == 0 and y is 16-byte aligned (the host checks both)
+  copy_staged<8 * NB, CPR, NT, BAR>(stage, reinterpret_cast<unsigned char*>(y + (long long)m0 * N + c0),
+                                    2LL * N, M - m0, (N - c0) / 8, st);
+}
+
+// Split-K partials: CH fp32 sums per row (4 a chunk) into the split's rows of ws, ws_ld floats apart, from column
+// c0 - ws_col0; a thread's values go to the stage one by one (the eight rows a store instruction touches sit in
+// distinct banks through the swizzle).
+template <int TW, int NB, int CH, int NT, int BAR>
+AWQ_DEVICE void store_partials_staged(const float (&acc)[TW][4 * NB], float* __restrict__ ws, int M, int N, int ws_ld,
+                                      int ws_col0, int m0, int c0, int lb0, u32 stage, int st, int lane) {
+  constexpr int CPR = CH / 4;
+  const int g8 = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int i = 0; i < TW; ++i)
+#pragma unroll
+    for (int j = 0; j < NB; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = 8 * j + 2 * t4 + (e & 1), chl = 16 * (lb0 + i) + g8 + 8 * (e >> 1);
+        sts32(stage_chunk<CPR>(stage, row, chl >> 2) + 4 * (chl & 3), acc[i][4 * j + e]);
+      }
+  float* dst = ws + ((long long)blockIdx.y * M + m0) * ws_ld + (c0 - ws_col0);
+  copy_staged<8 * NB, CPR, NT, BAR>(stage, reinterpret_cast<unsigned char*>(dst), 4LL * ws_ld, M - m0,
+                                    (N - c0) / 4, st);
 }
 }  // namespace awq_wg
 
@@ -271,6 +367,33 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
     for (int i = 0; i < TW; ++i)
 #pragma unroll
       for (int e = 0; e < R; ++e) acc[i][e] += hand[(i * R + e) * 128 + ktid];
+  }
+#ifdef AWQ_PROBE_NOSTORE
+  if (N > 0) return;   // timing probe: the sums are computed (N is unknown to the compiler) but never stored
+#endif
+  {
+    // Staged through the x slots: for two K streams past warpgroup 1's hand-off area, which warpgroup 0 has read;
+    // for one, once no warpgroup's wgmmas read the slots (the proxy fence orders those reads first). fp32
+    // partials of two blocks per warp would not fit; they keep the direct stores below.
+    constexpr int CH = 16 * TW * (WARPS / KW);
+    constexpr u32 HAND = KW == 2 ? TW * R * 128 * 4 : 0, SPACE = SLOTS * SLOT_BYTES;
+    static_assert(HAND + BM * CH * 2 <= SPACE, "the staged tile fits in the x slots");
+    constexpr bool PARTIALS_FIT = HAND + BM * CH * 4 <= SPACE;
+    const bool split = gridDim.y > 1;
+    if (!split || PARTIALS_FIT) {
+      if constexpr (KW == 1) {
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+      }
+      const int tile_blk0 = blk_base + blockIdx.x * (WARPS / KW) * TW, c0 = 16 * tile_blk0;
+      if (!split)
+        store_tile_staged<T, TW, NB, CH, THREADS / KW, 1>(acc, bias, y, M, N, m0, c0, blk0 - tile_blk0,
+                                                          smem0 + HAND, ktid, lane);
+      else if constexpr (PARTIALS_FIT)
+        store_partials_staged<TW, NB, CH, THREADS / KW, 1>(acc, ws, M, N, ws_ld, 16 * blk_base, m0, c0,
+                                                           blk0 - tile_blk0, smem0 + HAND, ktid, lane);
+      return;
+    }
   }
   store_swapped_tile<T, TW, NB>([&](int i, int j, int e) { return acc[i][4 * j + e]; }, bias, y, ws, M, N, ws_ld,
                                 16 * blk_base, m0, blk0, units.nvalid, lane);
