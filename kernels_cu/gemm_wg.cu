@@ -33,7 +33,7 @@
 // token tiles); split-K partials summed by awq_splitk_reduce_kernel (gemm_tc.cu) in split order.
 // Epilogue: the tile (y in T, or the split's fp32 partials) is laid out in the free x slots and leaves in 16-byte
 // chunks of whole rows (awq_wg::store_tile_staged, store_partials_staged): stored from the wgmma layout, a warp's
-// store instruction touches four token rows and the tensor cores idle meanwhile (7% of gate_up at M = 4096).
+// store instruction touches four token rows while the tensor cores idle (docs/design.md §wgmma GEMM (gemm_wg)).
 // Variants: T x (NB, TW, P) x GA (table: awq_cupy/kernels.py GEMM_WG_SHAPES); awq_tile_x_kernel per T.
 #include "common.cuh"
 #include "gemm_units.cuh"
