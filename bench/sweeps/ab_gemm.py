@@ -36,27 +36,27 @@ for a in args:
 token_tile = plans.gemm_token_tile
 
 
-real_kernel = kernels.kernel
-
-
-class _NoLaunch:
-    def launch(self, *args, **kwargs):
-        pass
-
-
-def _without_tile_x(family, variant, device_id=None):
-    return _NoLaunch() if variant.startswith("awq_tile_x_kernel") else real_kernel(family, variant, device_id)
+def run_gemm_without_tile_x(x, w, bias, y, M, kind, arch, sms, batch_invariant, **force):
+    """launch.run_gemm without its first launch, the x tile pass (the GEMM reads the tiles an earlier run left)."""
+    pc = launch.prepare_gemm(w, M, kind, arch, sms, cp.cuda.get_current_stream().ptr,
+                             batch_invariant=batch_invariant, **force)
+    if not pc.plan.wgmma or pc._xo or pc._yo:
+        raise SystemExit("notilex=1 needs a one-part wgmma plan")
+    for slots, j in pc._y:
+        slots[j] = y.data.ptr
+    for slots, j in pc._b:
+        slots[j] = 0 if bias is launch.NULL else bias
+    for one in pc.launches[1:]:
+        one.fire()
 
 
 def use_tile(kw):
-    """Patch plans.gemm_token_tile for a run with tile=T, and kernels.kernel for one with notilex=1 (the x tile pass
-    is not launched: the GEMM reads the tiles the previous run of the same case left, a timing probe of what that
-    kernel costs on the chain); returns the launch kwargs without them."""
+    """Patch plans.gemm_token_tile for a run with tile=T; returns the launch kwargs without tile and notilex, and
+    the run function (launch.run_gemm, or the version without the x tile pass for notilex=1)."""
     kw = dict(kw)
     t = kw.pop("tile", None)
     plans.gemm_token_tile = token_tile if t is None else (lambda M, wgmma=False: t)
-    kernels.kernel = _without_tile_x if kw.pop("notilex", 0) else real_kernel
-    return kw
+    return kw, (run_gemm_without_tile_x if kw.pop("notilex", 0) else launch.run_gemm)
 
 
 CASES = {"qkv": (256,), "o": (128,), "gate_up": (64, 256), "down": (128,)}
@@ -70,14 +70,14 @@ if os.environ.get("AB_CASES"):
 # narrow the gemm_wg family to the variants these runs need (a whole-family compile takes ~35 s on the H200 host)
 needed = {kernels.TileXVariant("float16")}
 for _, kw in runs:
-    kw = use_tile(kw)
+    kw, _ = use_tile(kw)
     if "depth" in kw:
         for M in sorted({m for ms in CASES.values() for m in ms}):
             nb, tw, _ = plans.gemm_shape_for(M, kw.get("tiles"), wgmma=True)
             if (nb, tw, kw.depth) not in kernels.GEMM_WG_SHAPES:
                 kernels.GEMM_WG_SHAPES += ((nb, tw, kw.depth),)
 for _, kw in runs:
-    kw = use_tile(kw)
+    kw, _ = use_tile(kw)
     for M in sorted({m for ms in CASES.values() for m in ms}):
         nb, tw, depth = plans.gemm_shape_for(M, kw.get("tiles"), wgmma=True, depth=kw.get("depth"))
         for pend in {kw.get("pend")} | set(kernels.gemm_wg_pends((nb, tw, depth))):
@@ -103,15 +103,15 @@ for name, K, N in MODELS["mistral-7b"]:
         ref = None
         line = []
         for run, kw in runs:
-            kw = use_tile(kw)
+            kw, run_gemm = use_tile(kw)
             y = cp.empty((M, N), cp.float16)
-            launch.run_gemm(x, wq[0], launch.NULL, y, M, "float16", arch, sms, False, wgmma=True, **kw)
+            run_gemm(x, wq[0], launch.NULL, y, M, "float16", arch, sms, False, wgmma=True, **kw)
             if ref is None:
                 ref = y.astype(cp.float32)
             elif not os.environ.get("AB_NOCHECK") and not bool(cp.allclose(y.astype(cp.float32), ref, rtol=2e-2,
                                                                               atol=2e-2)):
                 raise SystemExit(f"{run}: output differs from {runs[0][0]} on {name} M={M}")
-            us = timer(lambda i: launch.run_gemm(x, wq[i % nq], launch.NULL, y, M, "float16", arch, sms, False,
+            us = timer(lambda i: run_gemm(x, wq[i % nq], launch.NULL, y, M, "float16", arch, sms, False,
                                                   wgmma=True, **kw), max(20, nq), 3)
             line.append(f"{run} {us:7.1f}")
         print(f"{label:8s} {name:8s} M={M:5d}  " + "  ".join(line), flush=True)
