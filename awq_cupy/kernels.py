@@ -310,6 +310,14 @@ GEMM_WG_SHAPES = ((2, 2, 5), (2, 1, 6), (4, 2, 4), (4, 1, 6), (8, 2, 4), (8, 1, 
                   (32, 1, 4))
 GEMM_WG_DEFAULT = {16: (2, 1, 6), 32: (4, 1, 6), 64: (8, 1, 6), 128: (16, 1, 4), 256: (32, 1, 4)}
 GEMM_WG_SLOTS = 6   # x slots of awq_gemm_wg_kernel (awq_wg::SLOTS)
+GEMM_WG_PRODUCER_WARPS = 4   # x producer warps of the variants that have them (awq_wg::PRODUCER_WARPS)
+# Shapes with x-producer variants (awq_wg::producers_fit): 128 and 256 tokens, one block per warp, one CTA per SM
+GEMM_WG_PRODUCER_SHAPES = ((16, 1, 4), (32, 1, 4))
+
+
+def has_producers(shape) -> bool:
+    """Whether a wgmma shape (token blocks, tiles, depth) has x-producer variants (at its default PEND)."""
+    return tuple(shape) in GEMM_WG_PRODUCER_SHAPES
 
 # The 128-token tile also has a PEND = 2 variant that fits 128 registers, so two CTAs share an SM: faster where the
 # grid has more CTAs than SMs, slower with one CTA per SM; plans.plan_gemm_launch picks by the planned grid.
@@ -331,7 +339,10 @@ def gemm_wg_pends(shape) -> tuple:
 @dataclass(frozen=True)
 class WgmmaVariant(Variant):
     """awq_gemm_wg_kernel: the shape as for ``GemmVariant``; ``pend``: a PEND other than the tile's default (None:
-    the default; a value equal to it is stored as None), ``ksplit`` = 2: two K streams per CTA (template KW)."""
+    the default; a value equal to it is stored as None), ``ksplit`` = 2: two K streams per CTA (template KW);
+    ``producers``: GEMM_WG_PRODUCER_WARPS more warps copy x into shared memory inside the kernel, which then takes x
+    [M, K] itself instead of awq_tile_x_kernel's tiles (template XP; shapes of GEMM_WG_PRODUCER_SHAPES at the
+    default PEND only; docs/design.md §wgmma GEMM (gemm_wg))."""
 
     family: ClassVar[str] = "gemm_wg"
     template: ClassVar[str] = "awq_gemm_wg_kernel"
@@ -342,18 +353,26 @@ class WgmmaVariant(Variant):
     aligned: bool
     pend: int | None = None
     ksplit: int = 1
+    producers: bool = False
 
     def __post_init__(self):
         if self.pend == gemm_wg_pend(self.token_blocks):
             object.__setattr__(self, "pend", None)
         if self.ksplit not in (1, 2):
             raise ValueError(f"wgmma GEMM ksplit={self.ksplit!r}: 1 or 2")
+        if self.producers and (self.pend is not None or not has_producers(self.shape)):
+            raise ValueError(f"wgmma GEMM shape {self.shape} with PEND {self.pend}: x producers exist for the "
+                             f"shapes {GEMM_WG_PRODUCER_SHAPES} at their default PEND only")
+
+    @property
+    def shape(self) -> tuple:
+        return (self.token_blocks, self.tiles, self.depth)
 
     def template_args(self):
         args = (CTYPE[self.dtype], str(self.token_blocks), str(self.tiles), str(self.depth), _bool(self.aligned))
-        if self.ksplit != 1:
+        if self.ksplit != 1 or self.producers:
             return args + (str(gemm_wg_pend(self.token_blocks) if self.pend is None else self.pend),
-                           str(self.ksplit))
+                           str(self.ksplit)) + (("true",) if self.producers else ())
         return args + ((str(self.pend),) if self.pend is not None else ())
 
     @property
@@ -361,9 +380,16 @@ class WgmmaVariant(Variant):
         """Dynamic shared memory: GEMM_WG_SLOTS x slots of 8 NB rows x 128 B, plus 1 KB to align them."""
         return GEMM_WG_SLOTS * 8 * self.token_blocks * 128 + 1024
 
+    @property
+    def threads(self) -> int:
+        """Threads per CTA: the GEMM_WARPS consumer warps, and the producer warps where it has them."""
+        return 32 * (GEMM_WARPS + (GEMM_WG_PRODUCER_WARPS if self.producers else 0))
+
     def asserts(self, arch: Arch) -> tuple[str, ...]:
         return (f"static_assert(awq_wg::smem_bytes<{self.token_blocks}>() == {self.smem_bytes}, "
-                f"\"awq_cupy.kernels.WgmmaVariant.smem_bytes\");",)
+                f"\"awq_cupy.kernels.WgmmaVariant.smem_bytes\");",
+                f"static_assert(awq_wg::cta_threads<{_bool(self.producers)}>() == {self.threads}, "
+                f"\"awq_cupy.kernels.WgmmaVariant.threads\");")
 
 
 @dataclass(frozen=True)
@@ -385,6 +411,8 @@ def _wgmma_variants(arch: Arch) -> tuple:
                   for pend in gemm_wg_pends(s))
             + tuple(WgmmaVariant(d, *s, ga, ksplit=2) for d in dtypes for s in GEMM_WG_KSPLIT_SHAPES
                     for ga in (True, False))
+            + tuple(WgmmaVariant(d, *s, ga, ksplit=ks, producers=True) for d in dtypes
+                    for s in GEMM_WG_PRODUCER_SHAPES for ks in (1, 2) for ga in (True, False))
             + tuple(TileXVariant(d) for d in dtypes))
 
 

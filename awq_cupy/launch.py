@@ -224,7 +224,7 @@ def _resident(device: int):
     from .kernels import GEMM_WARPS, kernel
 
     def resident(variant, smem: int) -> int:
-        return kernel(variant, device).resident_blocks(32 * GEMM_WARPS, smem)
+        return kernel(variant, device).resident_blocks(getattr(variant, "threads", 32 * GEMM_WARPS), smem)
 
     return resident
 
@@ -232,8 +232,8 @@ def _resident(device: int):
 def prepare_gemm(w, M: int, kind: str, arch, sms: int, stream: int, *, batch_invariant: bool = False,
                  plan: GemmPlan | None = None, **force) -> PreparedCall:
     """The fused GEMM call for M rows of ``w`` on ``stream``: plans.plan_gemm_launch's plan (``force``: its
-    forcing arguments, for tuning and probes), the wgmma kernel's x-tile pass before it and the split-K reduce
-    after it where the plan has them, with their workspaces."""
+    forcing arguments, for tuning and probes), the wgmma kernel's x-tile pass before it (for the variants without
+    x producers) and the split-K reduce after it where the plan has them, with their workspaces."""
     from .kernels import GEMM_WARPS, ReduceVariant, TileXVariant, kernel
 
     if plan is None:
@@ -243,19 +243,26 @@ def prepare_gemm(w, M: int, kind: str, arch, sms: int, stream: int, *, batch_inv
     dev = w.device
     Np = w.NT * 64
     ws = workspace(plan.splits * M * Np, dev, stream) if plan.splits > 1 else NULL
-    launches = []   # x goes to the first launch: the x-tile pass, or the GEMM itself
+    variant = plan.variant(kind)
+    threads = variant.threads if plan.wgmma else 32 * GEMM_WARPS
+    launches = []   # x goes to the x-tile pass, or to the GEMM launches themselves
     xin = NULL
-    if plan.wgmma:   # x as per-(token tile, 64-k unit) shared-memory images, each brought in by one bulk copy
+    x_slots = []
+    tile_pass = plan.wgmma and not variant.producers
+    if tile_pass:   # x as per-(token tile, 64-k unit) shared-memory images, each brought in by one bulk copy
         BM = 8 * plan.token_blocks
         chunks = plans.x_tile_chunks(M, w.K, BM)
         xin = workspace(chunks * 4, dev, stream, "x_tiles")
         launches.append(Launch(kernel(TileXVariant(kind), dev), (min(-(-chunks // 256), 1 << 16),),
                                (256,), (NULL, xin, as_i32(M), as_i32(w.K), as_i32(w.KS), as_i32(BM),
                                         np.int64(chunks), plans.fastdiv(w.KS)), pdl=pdl, stream=stream))
-    gk = kernel(plan.variant(kind), dev)
+        x_slots.append((0, 0))
+    gk = kernel(variant, dev)
 
     def gemm(grid, per, ws, blk_base, ws_ld):
-        launches.append(Launch(gk, grid, (32 * GEMM_WARPS,),
+        if not tile_pass:
+            x_slots.append((len(launches), 0))
+        launches.append(Launch(gk, grid, (threads,),
                                (xin, w.qtiles, w.scales, w.zeros, NULL, NULL, ws, as_i32(M), as_i32(w.N),
                                 as_i32(w.K), as_i32(plan.NT16), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG),
                                 as_i32(Np), as_i32(per), as_i32(blk_base), as_i32(ws_ld)),
@@ -281,7 +288,7 @@ def prepare_gemm(w, M: int, kind: str, arch, sms: int, stream: int, *, batch_inv
                                pdl=pdl, stream=stream))
         y_slots.append((r, 2))
         b_slots.append((r, 1))
-    return PreparedCall(Path.GEMM, plan, launches, x_slots=((0, 0),), y_slots=y_slots, b_slots=b_slots)
+    return PreparedCall(Path.GEMM, plan, launches, x_slots=x_slots, y_slots=y_slots, b_slots=b_slots)
 
 
 def prepare_call(w, M: int, kind: str, stream: int, *, batch_invariant: bool = False,
@@ -326,8 +333,8 @@ def run_gemv(x2, w, bias_arg, y2, M, kind, sms, tiles=None, warps=None, kdepth=N
 
 def run_gemm(x2, w, bias_arg, y2, M, kind, arch, sms, batch_invariant, **force) -> None:
     """One fused GEMM call with forced choices (plans.plan_gemm_launch's ``tiles``, ``splits``, ``wgmma``,
-    ``depth``, ``pend``, ``reduce_cols``, ``ksplit``, ``tail``, ``token_tile``): for ``tune``, the benchmark's
-    per-path contenders and probes. Prepares afresh on every call."""
+    ``depth``, ``pend``, ``reduce_cols``, ``ksplit``, ``tail``, ``token_tile``, ``producers``): for ``tune``, the
+    benchmark's per-path contenders and probes. Prepares afresh on every call."""
     import cupy
 
     pc = prepare_gemm(w, M, kind, arch, sms, cupy.cuda.get_current_stream().ptr, batch_invariant=batch_invariant,

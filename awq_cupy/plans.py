@@ -74,7 +74,8 @@ class GemmPlan:
     ``smem`` bytes, ``NT16`` 16-column blocks, ``ksplit`` K streams per CTA; ``pend`` the wgmma PEND variant when
     not the default (None), ``reduce_cols`` the split-K reduce kernel's columns per thread (0 without a split).
     With a ``tail``, ``grid`` is the first launch's (whole waves of unsplit column tiles, ``splits`` = 1) and the
-    tail's column tiles after it are a second, split launch (``tail_grid``) whose reduce takes ``reduce_cols``."""
+    tail's column tiles after it are a second, split launch (``tail_grid``) whose reduce takes ``reduce_cols``.
+    ``producers``: the wgmma kernel's x-producer variant, which copies x itself (no x tile pass before it)."""
     wgmma: bool
     token_blocks: int
     tiles: int
@@ -89,6 +90,7 @@ class GemmPlan:
     pend: int | None = None
     reduce_cols: int = 0
     tail: TailSplit | None = None
+    producers: bool = False
 
     @property
     def tail_grid(self) -> tuple:
@@ -113,7 +115,7 @@ class GemmPlan:
 
         if self.wgmma:
             return WgmmaVariant(dtype, self.token_blocks, self.tiles, self.depth, self.aligned, self.pend,
-                                self.ksplit)
+                                self.ksplit, self.producers)
         return GemmVariant(dtype, self.token_blocks, self.tiles, self.depth, self.aligned)
 
 
@@ -158,14 +160,15 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
                      tiles: int | None = None, splits: int | None = None, wgmma: bool | None = None,
                      depth: int | None = None, pend: int | None = None, reduce_cols: int | None = None,
                      ksplit: int | None = None, tail: bool | None = None,
-                     token_tile: int | None = None) -> GemmPlan:
+                     token_tile: int | None = None, producers: bool | None = None) -> GemmPlan:
     """The fused GEMM's whole launch plan for M rows, variant included: the wgmma kernel where ``uses_wgmma``
     (or ``wgmma``), its shape for M (``gemm_shape_for``), split-K planned over the CTAs the GPU holds at once
     (``resident(variant, smem)``: CTAs of that kernel one SM holds; batch-invariant calls plan for one
     per SM so that no variant's occupancy enters), two K streams where ``wgmma_ksplit`` says so, the two-CTAs-per-SM
     PEND variant where ``wgmma_pend`` does, and the reduce kernel's columns (``reduce_columns``). The other
-    arguments force a choice (for tuning and probes); ``tail`` and ``token_tile`` as for ``plan_gemm``."""
-    from .kernels import GemmVariant, WgmmaVariant
+    arguments force a choice (for tuning and probes); ``tail`` and ``token_tile`` as for ``plan_gemm``;
+    ``producers``: the x-producer variant (None: wherever the planned shape and PEND have one, ``X_PRODUCERS``)."""
+    from .kernels import GemmVariant, WgmmaVariant, has_producers
 
     wg = uses_wgmma(arch, None if batch_invariant else M) if wgmma is None else wgmma
     nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wg, depth=depth, token_tile=token_tile)
@@ -192,7 +195,18 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
     cols = 0
     if p.splits > 1 or p.tail is not None:   # a tail's reduce covers its own columns only
         cols = (reduce_columns(M, N - 16 * p.tail_block0, sm_count) if reduce_cols is None else reduce_cols)
-    return dataclasses.replace(p, pend=chosen_pend if wg else None, reduce_cols=cols)
+    xp = False
+    if wg and chosen_pend is None and has_producers((nb, tw, depth)):
+        xp = X_PRODUCERS if producers is None else bool(producers)
+    elif producers:
+        raise ValueError(f"producers=True: the planned wgmma GEMM (shape {(nb, tw, depth)}, PEND {chosen_pend}) "
+                         f"has no x-producer variant")
+    return dataclasses.replace(p, pend=chosen_pend if wg else None, reduce_cols=cols, producers=xp)
+
+
+# Whether the wgmma GEMM's 128- and 256-token tiles copy x inside the kernel (producer warps) instead of after an x
+# tile pass: docs/design.md §wgmma GEMM (gemm_wg). Off until measured on the GPU.
+X_PRODUCERS = False
 
 
 # ----------------------------------------------------------------------------------------------------------------

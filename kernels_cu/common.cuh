@@ -238,6 +238,10 @@ AWQ_DEVICE void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
   mbar_expect(bar, bytes);
   bulk_copy(dst, src, bytes, bar);
 }
+// One arrival on bar (release: this thread's earlier writes are visible to whoever waits for the phase).
+AWQ_DEVICE void mbar_arrive(u32 bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
 // Until the barrier's phase with this parity has completed.
 AWQ_DEVICE void mbar_wait(u32 bar, u32 parity) {
   asm volatile(

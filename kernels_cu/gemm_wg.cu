@@ -34,15 +34,37 @@
 // Epilogue: the tile (y in T, or the split's fp32 partials) is laid out in the free x slots and leaves in 16-byte
 // chunks of whole rows (awq_wg::store_tile_staged, store_partials_staged): stored from the wgmma layout, a warp's
 // store instruction touches four token rows while the tensor cores idle (docs/design.md §wgmma GEMM (gemm_wg)).
-// Variants: T x (NB, TW, P) x GA (table: awq_cupy/kernels.py GEMM_WG_SHAPES); awq_tile_x_kernel per T.
+// Variants: T x (NB, TW, P) x GA (table: awq_cupy/kernels.py GEMM_WG_SHAPES), PEND, KW, XP; awq_tile_x_kernel per T.
 #include "common.cuh"
 #include "gemm_units.cuh"
 #include "wgmma.cuh"
 
 namespace awq_wg {
-constexpr int WARPS = 8;
+constexpr int WARPS = 8;              // the consumers: warps that decode weights and issue wgmmas
 constexpr int THREADS = 32 * WARPS;
 constexpr int SLOTS = 6;   // x slots: SLOTS - 2 units requested ahead
+// x producers (template XP): variants of 128 and 256 tokens with one block per warp and PEND = 3 (one CTA per SM)
+// can have PRODUCER_WARPS more warps that copy x from global memory into the slots themselves, in place of
+// awq_tile_x_kernel's pass and the bulk copies. Registers move between the roles (setmaxnreg): the consumers'
+// accumulators and weight batches need 208 (less spills one variant), and a producer keeps PRODUCER_DEPTH batches
+// of four 16-byte loads in flight in the rest (48 registers of data): a unit's x tile
+// is 32 KB at 256 tokens, most of which has to be in flight to keep up with the consumers' ~0.75 us per unit.
+// awq_cupy.kernels.WgmmaVariant.threads is checked against cta_threads per variant.
+constexpr int PRODUCER_WARPS = 4;
+constexpr int CONSUMER_REGS = 208, PRODUCER_REGS = 88;
+// setmaxnreg.inc takes registers only from those the CTA's own warps gave back with setmaxnreg.dec: a CTA starts
+// with the launch bound's per-thread count (65536 / 384 threads, rounded down to 8 = 168), and asking the
+// consumers to grow by more than the producers shrank leaves them waiting forever.
+constexpr int LAUNCH_REGS = 65536 / (THREADS + 32 * PRODUCER_WARPS) / 8 * 8;
+static_assert(THREADS * (CONSUMER_REGS - LAUNCH_REGS) <= 32 * PRODUCER_WARPS * (LAUNCH_REGS - PRODUCER_REGS),
+              "the consumers' extra registers come from the producers'");
+#ifdef AWQ_PROBE_PRODUCER_DEPTH   // timing probes (bench/sweeps/ab_gemm.py AB_DEFINES)
+constexpr int PRODUCER_DEPTH = AWQ_PROBE_PRODUCER_DEPTH;
+#else
+constexpr int PRODUCER_DEPTH = 3;
+#endif
+template <int NB, int TW, int PEND> constexpr bool producers_fit() { return NB >= 16 && TW == 1 && PEND == 3; }
+template <bool XP> constexpr int cta_threads() { return THREADS + (XP ? 32 * PRODUCER_WARPS : 0); }
 // x slot of NB token blocks: 8 NB rows of 128 B (one 64-k unit); the dynamic shared memory holds SLOTS of them
 // plus 1 KB, so that the slots can start on the 1024-byte boundary the 128-byte swizzle needs. The launch takes
 // awq_cupy.kernels.WgmmaVariant.smem_bytes, checked against smem_bytes by a static_assert per variant.
@@ -75,6 +97,13 @@ AWQ_DEVICE void stmatrix_x4_trans(u32 addr, const u32 (&r)[4]) {
                "r"(r[1]), "r"(r[2]), "r"(r[3])
                : "memory");
 }
+// Four 8 x 8 matrices of 16-bit values, not transposed: register r of a thread holds row lane / 4, word lane % 4
+// of matrix r; lane l gives the address of row l % 8 of matrix l / 8 (16 bytes).
+AWQ_DEVICE void stmatrix_x4(u32 addr, const uint4& r) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r.x), "r"(r.y),
+               "r"(r.z), "r"(r.w)
+               : "memory");
+}
 AWQ_DEVICE void sts32(u32 addr, float v) { asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory"); }
 
 // The epilogue through shared memory. Stored straight from the wgmma layout, each store instruction of a warp
@@ -95,8 +124,7 @@ template <int BM, int CPR, int NT, int BAR>
 AWQ_DEVICE void copy_staged(u32 stage, unsigned char* __restrict__ dst, long long row_bytes, int rows, int chunks,
                             int st) {
   static_assert(CPR >= 8 && (CPR & (CPR - 1)) == 0 && NT % CPR == 0 && (BM * CPR) % NT == 0, "whole rounds");
-  if constexpr (NT == THREADS) __syncthreads();
-  else asm volatile("bar.sync %0, %1;\n" ::"n"(BAR), "n"(NT) : "memory");
+  asm volatile("bar.sync %0, %1;\n" ::"n"(BAR), "n"(NT) : "memory");   // the NT threads only (no producers)
   const int c = st & (CPR - 1);
   if (c >= chunks) return;
 #pragma unroll
@@ -159,6 +187,70 @@ AWQ_DEVICE void store_partials_staged(const float (&acc)[TW][4 * NB], float* __r
   copy_staged<8 * NB, CPR, NT, BAR>(stage, reinterpret_cast<unsigned char*>(dst), 4LL * ws_ld, M - m0,
                                     (N - c0) / 4, st);
 }
+// Named barrier of the consumer warps (the producers have left or never existed).
+constexpr int CONSUMERS_BAR = 3;
+AWQ_DEVICE void sync_consumers() { asm volatile("bar.sync %0, %1;\n" ::"n"(CONSUMERS_BAR), "n"(THREADS) : "memory"); }
+
+// The x producer of one K stream (TEAM warps, this one team warp tw): for each of the stream's n units v, the
+// BM x 64 tile of x (rows m0.., k 64 (ub + v)..) into slot v % SL as the image awq_tile_x_kernel writes (zero past
+// M and K), so that results are bitwise those of the pass. A warp covers four token rows at a time (a group):
+// lane l reads natural chunk l % 8 (k 32 h + 8 p.., its words j the pairs k 32 h + 8 p + 2 j) of row l / 8, and
+// one stmatrix writes the group: matrix j, row 2 (l / 8) + h is logical chunk 4 h + j of that token row, whose
+// word p is word j of lane (row, chunk 4 h + p). Per thread, batches of PB groups' loads, PRODUCER_DEPTH batches
+// in flight.
+// Before the first write into a slot again the producer waits until every consumer warp of the stream has
+// released the unit it held (empty barrier); each thread makes its writes visible to the wgmmas' (asynchronous)
+// proxy and arrives on the slot's full barrier.
+template <typename T, int BM, int TEAM, int SL>
+AWQ_DEVICE void produce_x(const T* __restrict__ x, int M, int K, int m0, int ub, int n, u32 slot0, u32 full0,
+                          u32 empty0, int tw, int lane) {
+  constexpr int GPW = BM / 4 / TEAM, PB = GPW < 4 ? GPW : 4, QB = GPW / PB;   // groups, per batch, batches
+  static_assert(GPW % PB == 0 && PB % 2 == 0, "whole batches of group pairs");
+  const int c = lane & 7, rr = (lane & 7) >> 1, achunk = 4 * (lane & 1) + (lane >> 3);
+  const int g0 = tw * GPW;
+  const long long row0 = m0 + 4 * g0 + (lane >> 3);
+  // this lane's stmatrix address in group g: row 4 g + rr, chunk achunk ^ (row % 8), where g % 2 = i % 2
+  const u32 sw0 = rr * 128 + ((achunk ^ rr) << 4), sw1 = rr * 128 + ((achunk ^ (4 + rr)) << 4);
+  auto load = [&](int b, uint4 (&r)[PB]) {
+    const int v = b / QB, q = b - v * QB;
+    const int k = 64 * (ub + v) + 8 * c;   // K % 8 == 0: a chunk is inside K or past it
+    // one pointer stepped by 4 rows: per-row addresses held across the batches would not fit 64 registers
+    const long long m = row0 + 4 * q * PB;
+    const T* p = x + m * K + k;
+    const int rows = (int)min((long long)M - m, (long long)4 * PB);   // rows of this batch inside M (may be <= 0)
+#pragma unroll
+    for (int i = 0; i < PB; ++i) {
+      r[i] = (4 * i < rows && k < K) ? ld_act16(p) : make_uint4(0u, 0u, 0u, 0u);
+      p += 4 * (long long)K;
+    }
+  };
+  auto store = [&](int b, const uint4 (&r)[PB]) {
+    const int v = b / QB, q = b - v * QB, s = v % SL;
+    if (q == 0 && v >= SL) mbar_wait(empty0 + 8 * s, (u32)(v / SL - 1) & 1u);   // release of unit v - SL
+    const u32 base = slot0 + s * (BM * 128) + (g0 + q * PB) * 512;
+#pragma unroll
+    for (int i = 0; i < PB; ++i) stmatrix_x4(base + i * 512 + ((i & 1) ? sw1 : sw0), r[i]);
+    if (q == QB - 1) {
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      mbar_arrive(full0 + 8 * s);
+    }
+  };
+  // a ring of PRODUCER_DEPTH batches: once batch b is stored, its registers take batch b + PRODUCER_DEPTH
+  const int nb = n * QB;
+  uint4 r[PRODUCER_DEPTH][PB];
+#pragma unroll
+  for (int d = 0; d < PRODUCER_DEPTH; ++d)
+    if (d < nb) load(d, r[d]);
+  for (int b = 0; b < nb; b += PRODUCER_DEPTH) {
+#pragma unroll
+    for (int d = 0; d < PRODUCER_DEPTH; ++d) {
+      if (b + d < nb) {
+        store(b + d, r[d]);
+        if (b + d + PRODUCER_DEPTH < nb) load(b + d + PRODUCER_DEPTH, r[d]);
+      }
+    }
+  }
+}
 }  // namespace awq_wg
 
 // x [M, K] -> xt [ceil(M / BM)][KS][BM][64]: per (token tile, 64-k unit) the shared-memory image the GEMM copies
@@ -201,9 +293,14 @@ __global__ void __launch_bounds__(256) awq_tile_x_kernel(const T* __restrict__ x
 // own x slots (SLOTS / 2), mbarriers and per-unit named barrier; at the end warpgroup 1 hands its fp32 sums to
 // warpgroup 0 through shared memory, which adds them (its own first) and stores. Half the channels per CTA, so
 // twice the CTAs for the same split count: the split-K partials of small layers go through shared memory instead.
-template <typename T, int NB, int TW, int P, bool GA, int PEND = (NB >= 16 ? 3 : 1), int KW = 1>
-__global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
-    const T* __restrict__ xt,         // [M tiles][KS][BM][64] x tiles (awq_tile_x_kernel)
+// XP: x [M, K] instead of the tiles, and PRODUCER_WARPS more warps after the consumers that copy it into the slots
+// (awq_wg::produce_x); with KW = 2 the first half of them fills stream 0's slots, the second half stream 1's. Each
+// slot has a full barrier (every producer thread of the stream arrives once its part of the unit is written) and an
+// empty one (every consumer warp of the stream arrives once its wgmmas reading the unit have retired); no CTA-wide
+// barrier per unit.
+template <typename T, int NB, int TW, int P, bool GA, int PEND = (NB >= 16 ? 3 : 1), int KW = 1, bool XP = false>
+__global__ void __launch_bounds__(awq_wg::cta_threads<XP>(), 1) awq_gemm_wg_kernel(
+    const T* __restrict__ xt,         // producers: x [M, K]; else [M tiles][KS][BM][64] tiles (awq_tile_x_kernel)
     const uint4* __restrict__ qtiles, // [NT16][KS][32] weight blocks
     const u32* __restrict__ scales,   // [NG, Np] permuted scales, as u32 pairs
     const u32* __restrict__ zeros,    // [NG, Np] permuted MAGIC + z, as u32 pairs
@@ -226,9 +323,10 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
   static_assert(SL >= 3, "three x slots per K stream");
   static_assert(KW == 1 || TW * BM * 256 <= SLOTS * BM * 128, "warpgroup 1's sums fit in the x slots");
   constexpr int SLOT_BYTES = slot_bytes<NB>();
+  static_assert(!XP || producers_fit<NB, TW, PEND>(), "x producers: 128 or 256 tokens, TW = 1, PEND = 3");
   using Stream = UnitStream<T, TW, SZ, BM, THREADS, false>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  __shared__ __align__(8) unsigned long long bars[SLOTS];
+  __shared__ __align__(8) unsigned long long bars[XP ? 2 * SLOTS : SLOTS];   // full, then (XP) empty barriers
   // slots 1024-byte aligned (the swizzle pattern repeats every 8 rows of 128 B); the launch adds 1 KB
   const u32 raw0 = smem_addr(smem_raw);
   const u32 smem0 = (raw0 + 1023u) & ~1023u;
@@ -236,6 +334,33 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
 
   pdl_trigger();   // the split-K reduce may launch now: it waits for this grid before reading the partials
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if constexpr (XP) {
+    if (blockDim.x != cta_threads<XP>()) __trap();   // the launch gives the producers their warps
+    if (tid == 0) {
+#pragma unroll
+      for (int s = 0; s < SLOTS; ++s) {
+        mbar_init(bar0 + 8 * s, 32 * PRODUCER_WARPS / KW);
+        mbar_init(bar0 + 8 * (SLOTS + s), WARPS / KW);
+      }
+      mbar_init_fence();
+    }
+    __syncthreads();   // the last CTA-wide barrier: the roles part here
+    if (warp >= WARPS) {
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+      constexpr int TEAM = PRODUCER_WARPS / KW;
+      const int pw = warp - WARPS, pkg = pw / TEAM;
+      const int ub_s = blockIdx.y * units_per_split;
+      const int n_s = min(KS, ub_s + units_per_split) - ub_s;
+      const int hf = (n_s + KW - 1) / KW;
+      const int pn = max(0, min(n_s, (pkg + 1) * hf) - pkg * hf);
+      pdl_wait();   // x may come from the previous kernel
+      produce_x<T, BM, TEAM, SLOTS / KW>(xt, M, K, blockIdx.z * BM, ub_s + pkg * hf, pn,
+                                         smem0 + pkg * (SLOTS / KW) * SLOT_BYTES, bar0 + 8 * pkg * (SLOTS / KW),
+                                         bar0 + 8 * (SLOTS + pkg * (SLOTS / KW)), pw % TEAM, lane);
+      return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(CONSUMER_REGS));
+  }
   const int kg = KW == 2 ? warp >> 2 : 0;                 // this thread's K stream
   const int ktid = KW == 2 ? (tid & 127) : tid;           // thread index inside the K stream
   const int m0 = blockIdx.z * BM;
@@ -249,6 +374,7 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
   Stream units(nullptr, qtiles, scales, zeros, M, K, NT16, KS, G, NG, Np, m0, ub, blk0, tid, lane);
   const T* xsrc = xt + ((long long)blockIdx.z * KS + ub) * (BM * 64);   // this K stream's first x tile
   const u32 kslot0 = smem0 + kg * SL * SLOT_BYTES, kbar0 = bar0 + 8 * kg * SL;   // its slots and barriers
+  const u32 ebar0 = bar0 + 8 * (SLOTS + kg * SL);                                  // (XP) its empty barriers
   auto request = [&](int v, int s) {   // the stream's thread 0: unit v's x tile into its slot s = v % SL
     bulk_load(kslot0 + s * SLOT_BYTES, xsrc + (long long)v * (BM * 64), SLOT_BYTES, kbar0 + 8 * s);
   };
@@ -299,17 +425,19 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
   for (int j = 0; j < B; ++j)
     if (j < n) units.load(sb[0][j]);
   pdl_wait();
-  if (tid == 0) {
+  if constexpr (!XP) {
+    if (tid == 0) {
 #pragma unroll
-    for (int s = 0; s < SLOTS; ++s) mbar_init(bar0 + 8 * s, 1);
-    mbar_init_fence();
-    if constexpr (KW == 1)
-      for (int v = 0; v < min(n, SL - 2); ++v) request(v, v);
-  }
-  __syncthreads();
-  if constexpr (KW == 2) {   // after the barrier: warpgroup 1's requests need the initialised barriers
-    if (ktid == 0)
-      for (int v = 0; v < min(n, SL - 2); ++v) request(v, v);
+      for (int s = 0; s < SLOTS; ++s) mbar_init(bar0 + 8 * s, 1);
+      mbar_init_fence();
+      if constexpr (KW == 1)
+        for (int v = 0; v < min(n, SL - 2); ++v) request(v, v);
+    }
+    __syncthreads();
+    if constexpr (KW == 2) {   // after the barrier: warpgroup 1's requests need the initialised barriers
+      if (ktid == 0)
+        for (int v = 0; v < min(n, SL - 2); ++v) request(v, v);
+    }
   }
 #pragma unroll
   for (int i = 0; i < TW; ++i) pin(acc[i]);
@@ -326,7 +454,8 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
         if (u >= n) break;
         // slot of unit u + SL - 2 = that of unit u - 2: at the barrier after unit u - 1 every warpgroup of the
         // stream had waited for all but its last PEND <= 3 wgmma groups, which belong to unit u - 1 (four k16 steps)
-        if (ktid == 0 && u + SL - 2 < n) request(u + SL - 2, slot >= 2 ? slot - 2 : slot + SL - 2);
+        if constexpr (!XP)
+          if (ktid == 0 && u + SL - 2 < n) request(u + SL - 2, slot >= 2 ? slot - 2 : slot + SL - 2);
         mbar_wait(kbar0 + 8 * slot, phase);
         compute(sb[h][j], desc0 + slot * (SLOT_BYTES >> 4), [&]() {
           if (j == 0)   // the next batch, now that this batch's loads have been waited for
@@ -334,12 +463,21 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
             for (int jj = 0; jj < B; ++jj)
               if (u + B + jj < n) units.load(sb[h ^ 1][jj]);
         });
+        if constexpr (XP) {
+          // the last wait of compute(u) left at most PEND <= 3 groups pending, all of unit u: unit u - 1's slot
+          // is no longer read by this warp
+          if (lane == 0 && u > 0) mbar_arrive(ebar0 + 8 * (slot == 0 ? SL - 1 : slot - 1));
+        }
         if (++slot == SL) {
           slot = 0;
           phase ^= 1u;
         }
-        if constexpr (KW == 1) __syncthreads();
-        else asm volatile("bar.sync %0, 128;\n" ::"r"(1 + kg) : "memory");   // this stream's warpgroup only
+        if constexpr (XP) {
+        } else if constexpr (KW == 1) {
+          __syncthreads();
+        } else {
+          asm volatile("bar.sync %0, 128;\n" ::"r"(1 + kg) : "memory");   // this stream's warpgroup only
+        }
       }
   }
   wait<0>();
@@ -353,7 +491,7 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
     // and the proxy fence orders those asynchronous reads before these generic writes), lane-minor so that a
     // warp's accesses do not conflict; warpgroup 0 adds them to its own and stores.
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
+    sync_consumers();
     float* hand = reinterpret_cast<float*>(smem_raw + (smem0 - raw0));
     if (kg == 1) {
 #pragma unroll
@@ -361,7 +499,7 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
 #pragma unroll
         for (int e = 0; e < R; ++e) hand[(i * R + e) * 128 + ktid] = acc[i][e];
     }
-    __syncthreads();
+    sync_consumers();
     if (kg == 1) return;
 #pragma unroll
     for (int i = 0; i < TW; ++i)
@@ -383,7 +521,7 @@ __global__ void __launch_bounds__(awq_wg::THREADS, 1) awq_gemm_wg_kernel(
     if (!split || PARTIALS_FIT) {
       if constexpr (KW == 1) {
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
+        sync_consumers();
       }
       const int tile_blk0 = blk_base + blockIdx.x * (WARPS / KW) * TW, c0 = 16 * tile_blk0;
       if (!split)

@@ -460,7 +460,7 @@ def test_gemv_compiled_for_the_launch_shape(rng, K, N, G, kind, monkeypatch):
 # The swapped GEMM (M > 12): every variant, forced split counts, awkward shapes
 # ---------------------------------------------------------------------------------------------------------------
 def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False, pend=None, reduce_cols=None, ksplit=1, tail=None,
-          token_tile=None):
+          token_tile=None, producers=None):
     """Run the GEMM (the wgmma or the mma.sync kernel) with ``tiles`` column blocks per warp (and ``splits``, the
     wgmma kernel's ``pend``, the split-K reduce kernel's columns per thread, a forced ``tail`` launch, a forced
     ``token_tile``)."""
@@ -473,7 +473,7 @@ def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False, pend=None, reduce_co
     b = cp.asarray(bias) if bias is not None else launch.NULL
     launch.run_gemm(xg, w, b, y, M, w.dtype, arch_of_device(w.device), launch.sm_count(w.device), False,
                      tiles=tiles, splits=splits, wgmma=wgmma, pend=pend, reduce_cols=reduce_cols, ksplit=ksplit,
-                     tail=tail, token_tile=token_tile)
+                     tail=tail, token_tile=token_tile, producers=producers)
     return y.get()
 
 
@@ -617,19 +617,53 @@ def test_gemm_is_deterministic_and_split_count_only_matters(rng, path):
 
 def test_wgmma_x_tile_pass_strides_over_its_grid(rng):
     """awq_tile_x_kernel runs at most 65536 blocks of 256 threads, one 16-byte chunk each per pass: with more than
-    2^24 chunks (here M = 8200 rows of K = 16384: 33 tiles of 256 tokens x 256 units x 2048 chunks) threads take
-    a second chunk 2^24 further on (its 64-bit index). The GEMM on those tiles against the reference."""
+    2^24 chunks (here M = 8200 rows of K = 16384 in 128-token tiles: 65 tiles x 256 units x 1024 chunks) threads
+    take a second chunk 2^24 further on (its 64-bit index). The pass runs before the variants without x producers:
+    the 128-token tile's PEND = 2 one. The GEMM on those tiles against the reference, and the same call through the
+    planned 256-token variant, whose producer warps copy x (256 MB) themselves."""
+    from awq_cupy.kernels import GEMM_WG_PEND_TWO_PER_SM
     from awq_cupy.plans import x_tile_chunks
 
     if not _has_wgmma():
         pytest.skip("the wgmma GEMM needs compute capability 9.0")
     K, N, M = 16384, 40, 8200
-    assert x_tile_chunks(M, K, 256) > 65536 * 256
+    (shape, pend), = GEMM_WG_PEND_TWO_PER_SM.items()
+    assert x_tile_chunks(M, K, 8 * shape[0]) > 65536 * 256
     Q, Z, S, G = random_layer(rng, K, N, 128)
     w = _weight(Q, Z, S, G, "bfloat16")
+    W64 = kernel_weight(Q, Z, S, G, "bfloat16")
     x = random_x(rng, M, K, "bfloat16")
+    y = _gemm(x, w, shape[1], None, None, wgmma=True, pend=pend, token_tile=8 * shape[0])
+    assert_matmul_close(y, x, W64, "bfloat16", what=f"{M}x{K}x{N} x tile strides")
     y = _gemm(x, w, None, None, None, wgmma=True)
-    assert_matmul_close(y, x, kernel_weight(Q, Z, S, G, "bfloat16"), "bfloat16", what=f"{M}x{K}x{N} x tile strides")
+    assert_matmul_close(y, x, W64, "bfloat16", what=f"{M}x{K}x{N} x producers")
+
+
+def test_wgmma_x_producers_give_the_tile_pass_bits(rng):
+    """The variants whose producer warps copy x into shared memory (kernels.WgmmaVariant.producers) build the same
+    image awq_tile_x_kernel writes and run the same wgmmas: bitwise the result of the same shape after the pass, for
+    every producer shape, one and two K streams, split K, K not a multiple of 64, a last token tile of 5 rows (and of
+    one row), M inside one group of four rows; and close to the reference."""
+    from awq_cupy.kernels import GEMM_WG_PRODUCER_SHAPES
+
+    if not _has_wgmma():
+        pytest.skip("the wgmma GEMM needs compute capability 9.0")
+    for K, N, G, kind in ((1000, 200, -1, "float16"), (4096, 1032, 128, "bfloat16"), (768, 96, 96, "float16")):
+        Q, Z, S, G = random_layer(rng, K, N, G)
+        w = _weight(Q, Z, S, G, kind)
+        W64 = kernel_weight(Q, Z, S, G, kind)
+        bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
+        for nb, tw, _ in GEMM_WG_PRODUCER_SHAPES:
+            tile = 8 * nb
+            for M, splits, ksplit in ((tile + 5, None, 1), (3, 1, 1), (tile - 1, min(3, w.KS), 1), (tile + 1, 1, 2),
+                                      (2 * tile, min(3, w.KS), 2)):
+                x = random_x(rng, M, K, kind)
+                run = dict(tiles=tw, splits=splits, bias=bias, wgmma=True, ksplit=ksplit, token_tile=tile)
+                what = f"{(nb, tw)} {K}x{N} G={G} M={M} splits={splits} ksplit={ksplit} {kind}"
+                a = _gemm(x, w, producers=True, **run)
+                b = _gemm(x, w, producers=False, **run)
+                np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=what)
+                assert_matmul_close(a, x, W64, kind, bias=bias, what=what)
 
 
 def test_wgmma_two_k_streams_against_reference(rng):

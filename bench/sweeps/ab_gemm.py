@@ -1,8 +1,9 @@
 """A/B timing of the GEMM on a few Mistral-7B cases, timed like `python -m awq_cupy bench`. Usage:
     [AB_CASES=o:64,gate_up:64:256] python3 bench/sweeps/ab_gemm.py LABEL [PKG_DIR] RUN...
-RUN is "name" or "name:key=value,...": splits, tiles, depth, pend, reduce_cols, ksplit are launch.run_gemm
-arguments (a depth outside the shape table is added to it; pend is the wgmma kernel's PEND template argument, any of
-1..3 here; reduce_cols the split-K reduce kernel's columns per thread, 2, 4 or 8; ksplit=2 two K streams per CTA);
+RUN is "name" or "name:key=value,...": splits, tiles, depth, pend, reduce_cols, ksplit, producers are
+launch.run_gemm arguments (a depth outside the shape table is added to it; pend is the wgmma kernel's PEND template argument, any of
+1..3 here; reduce_cols the split-K reduce kernel's columns per thread, 2, 4 or 8; ksplit=2 two K streams per CTA;
+producers=0 or 1 the 128- and 256-token tiles' variant without or with x producer warps);
 tile=T makes every M take the token tile T (plans.gemm_token_tile patched); notilex=1 skips the x tile pass (timing
 only: the GEMM reads the tiles an earlier run of the case left, so put it after a normal run). The gemm_wg family is
 narrowed to the variants the runs need, so it compiles in seconds.
@@ -42,6 +43,8 @@ def run_gemm_without_tile_x(x, w, bias, y, M, kind, arch, sms, batch_invariant, 
                              batch_invariant=batch_invariant, **force)
     if not pc.plan.wgmma or pc._xo or pc._yo:
         raise SystemExit("notilex=1 needs a one-part wgmma plan")
+    if pc.plan.producers:
+        raise SystemExit(f"notilex=1: {kind} M={M} runs a variant that copies x itself (no x tile pass)")
     for slots, j in pc._y:
         slots[j] = y.data.ptr
     for slots, j in pc._b:
@@ -80,10 +83,12 @@ for _, kw in runs:
     kw, _ = use_tile(kw)
     for M in sorted({m for ms in CASES.values() for m in ms}):
         nb, tw, depth = plans.gemm_shape_for(M, kw.get("tiles"), wgmma=True, depth=kw.get("depth"))
+        xps = (False, True) if kernels.has_producers((nb, tw, depth)) else (False,)
         for pend in {kw.get("pend")} | set(kernels.gemm_wg_pends((nb, tw, depth))):
-            needed.add(kernels.WgmmaVariant("float16", nb, tw, depth, True, pend, kw.get("ksplit", 1)))
-            if "ksplit" not in kw and "pend" not in kw and (nb, tw, depth) in kernels.GEMM_WG_KSPLIT_SHAPES:
-                needed.add(kernels.WgmmaVariant("float16", nb, tw, depth, True, None, 2))   # the planner's
+            for xp in xps if pend is None else (False,):
+                needed.add(kernels.WgmmaVariant("float16", nb, tw, depth, True, pend, kw.get("ksplit", 1), xp))
+                if "ksplit" not in kw and "pend" not in kw and (nb, tw, depth) in kernels.GEMM_WG_KSPLIT_SHAPES:
+                    needed.add(kernels.WgmmaVariant("float16", nb, tw, depth, True, None, 2, xp))   # the planner's
 defines = tuple(tuple(d.split("=", 1)) for d in os.environ.get("AB_DEFINES", "").split(",") if d)
 fam = dataclasses.replace(kernels.GEMM_WG, variants=lambda arch: tuple(sorted(needed, key=lambda v: v.expr)),
                           defines=defines, asserts=None)
