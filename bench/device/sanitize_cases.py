@@ -99,6 +99,12 @@ if plans.has_wgmma(arch_of_device(0)):
                 y = cp.empty((M, N), dtype=x.dtype)
                 launch.run_gemm(x, w, bias, y, M, kind, arch_of_device(w.device), launch.sm_count(w.device), False,
                                  tiles=tw, depth=depth, wgmma=True, token_tile=8 * nb)
+                # the x-producer variants (off in the plans), one and two K streams, split and not
+                xp_runs = itertools.product((1, 2), (1, 3)) if kernels.has_producers((nb, tw, depth)) else ()
+                for ksplit, splits in xp_runs:
+                    launch.run_gemm(x, w, bias, y, M, kind, arch_of_device(w.device), launch.sm_count(w.device),
+                                     False, tiles=tw, depth=depth, wgmma=True, token_tile=8 * nb, producers=True,
+                                     ksplit=ksplit, splits=splits)
             for M in Ms:
                 pc = launch.prepare_call(w, M, kind, cp.cuda.get_current_stream().ptr)
                 assert isinstance(pc.plan, plans.RowSplit), (M, pc.plan)

@@ -12,12 +12,13 @@ from awq_cupy.jit import arch_of_device
 
 rng = np.random.default_rng(0)
 CASES = [  # K, N, M, forced plan arguments
-    (256, 128, 128, dict(token_tile=128, splits=1, ksplit=1)),
-    (1000, 520, 200, dict(token_tile=256, splits=1, ksplit=1)),
-    (4096, 1024, 256, dict(splits=1, ksplit=2)),
-    (4096, 1024, 300, dict(splits=3, ksplit=1)),
-    (4096, 1024, 130, dict(token_tile=128, splits=3, ksplit=2)),
-    (1032, 17416, 257, dict(tail=True)),
+    (256, 128, 128, dict(token_tile=128, splits=1, ksplit=1, producers=True)),
+    (1000, 520, 200, dict(token_tile=256, splits=1, ksplit=1, producers=True)),
+    (4096, 1024, 256, dict(splits=1, ksplit=2, producers=True)),
+    (4096, 1024, 300, dict(splits=3, ksplit=1, producers=True)),
+    (4096, 1024, 130, dict(token_tile=128, splits=3, ksplit=2, producers=True)),
+    (1032, 17416, 257, dict(tail=True, producers=True)),
+    (4096, 1024, 256, dict(splits=1, ksplit=1)),
 ]
 for K, N, M, force in CASES:
     G = 128 if K % 128 == 0 else K

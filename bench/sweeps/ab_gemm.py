@@ -1,9 +1,10 @@
 """A/B timing of the GEMM on a few Mistral-7B cases, timed like `python -m awq_cupy bench`. Usage:
     [AB_CASES=o:64,gate_up:64:256] python3 bench/sweeps/ab_gemm.py LABEL [PKG_DIR] RUN...
 RUN is "name" or "name:key=value,...": splits, tiles, depth, pend, reduce_cols, ksplit, producers are
-launch.run_gemm arguments (a depth outside the shape table is added to it; pend is the wgmma kernel's PEND template argument, any of
-1..3 here; reduce_cols the split-K reduce kernel's columns per thread, 2, 4 or 8; ksplit=2 two K streams per CTA;
-producers=0 or 1 the 128- and 256-token tiles' variant without or with x producer warps);
+launch.run_gemm arguments (a depth outside the shape table is added to it; pend is the wgmma kernel's PEND
+template argument, any of 1..3 here; reduce_cols the split-K reduce kernel's columns per thread, 2, 4 or 8;
+ksplit=2 two K streams per CTA; producers=0 or 1 the 128- and 256-token tiles' variant without or with x producer
+warps);
 tile=T makes every M take the token tile T (plans.gemm_token_tile patched); notilex=1 skips the x tile pass (timing
 only: the GEMM reads the tiles an earlier run of the case left, so put it after a normal run). The gemm_wg family is
 narrowed to the variants the runs need, so it compiles in seconds.
