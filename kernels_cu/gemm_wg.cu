@@ -235,9 +235,22 @@ AWQ_DEVICE void produce_x(const T* __restrict__ x, int M, int K, int m0, int ub,
       mbar_arrive(full0 + 8 * s);
     }
   };
-  // a ring of PRODUCER_DEPTH batches: once batch b is stored, its registers take batch b + PRODUCER_DEPTH
   const int nb = n * QB;
   uint4 r[PRODUCER_DEPTH][PB];
+#ifdef AWQ_PROBE_PRODUCER_ROUNDS
+  // Probe, not yet run: rounds of PRODUCER_DEPTH batches, every load of a round before any of its stores. ptxas
+  // counts all these loads on one scoreboard (docs/history.md v51), so the ring below waits, at each batch's first
+  // store, for the batch it requested just before; here each round waits once for all its batches.
+  for (int b = 0; b < nb; b += PRODUCER_DEPTH) {
+#pragma unroll
+    for (int d = 0; d < PRODUCER_DEPTH; ++d)
+      if (b + d < nb) load(b + d, r[d]);
+#pragma unroll
+    for (int d = 0; d < PRODUCER_DEPTH; ++d)
+      if (b + d < nb) store(b + d, r[d]);
+  }
+#else
+  // a ring of PRODUCER_DEPTH batches: once batch b is stored, its registers take batch b + PRODUCER_DEPTH
 #pragma unroll
   for (int d = 0; d < PRODUCER_DEPTH; ++d)
     if (d < nb) load(d, r[d]);
@@ -250,6 +263,7 @@ AWQ_DEVICE void produce_x(const T* __restrict__ x, int M, int K, int m0, int ub,
       }
     }
   }
+#endif
 }
 }  // namespace awq_wg
 
