@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # One device call of steps, in order: bash bench/device/run.sh decode same_bits gpu_tests sanitize probes examples bench_quick
+# (also: host_tests, bench_peer, bench_full, producers_ab)
 # Logs under $OUT; a short summary at the end. same_bits needs the tree to compare against in .old/ (carry it).
 # gpu_tests runs PYTEST_PATHS (default: tests) with PYTEST_ARGS.
 # Wheels in .whl/ (carry it) are installed for the run: the peers of bench_peer (humming-kernels).
@@ -56,6 +57,19 @@ for step in "$@"; do
                     --json "$OUT/bench_peer_$dt.json" --plot "$OUT/bench_peer_$dt.png" > "$OUT/bench_peer_$dt.log" 2>&1 || rc=1
                   grep -B1 -A60 "^sum over" "$OUT/bench_peer_$dt.log" | grep -v "^--" | head -60
                 done ;;
+    producers_ab) rc=0   # the wgmma GEMM's x producers (docs/history.md v51): after the x tile pass / the default
+                 # ring / the AWQ_PROBE_PRODUCER_ROUNDS probe, A/B on Mistral-7B (AB_CASES), and the probe build's
+                 # bitwise GPU test from a scratch tree whose gemm_wg.cu defines it
+                 export AB_CASES=${AB_CASES:-qkv:256:1024:4096,o:256:512:1024:4096,gate_up:256:1024:4096,down:256:512:1024:4096}
+                 python3 bench/sweeps/ab_gemm.py ring tp:producers=0 xp:producers=1 > "$OUT/ab_ring.txt" 2>&1 || rc=1
+                 AB_DEFINES=AWQ_PROBE_PRODUCER_ROUNDS=1 python3 bench/sweeps/ab_gemm.py rounds tp:producers=0 \
+                   xp:producers=1 > "$OUT/ab_rounds.txt" 2>&1 || rc=1
+                 rm -rf /tmp/rounds && mkdir -p /tmp/rounds && cp -r awq_cupy /tmp/rounds/ &&
+                   cp -r kernels_cu /tmp/rounds/awq_cupy/kernels_cu &&
+                   sed -i '1i #define AWQ_PROBE_PRODUCER_ROUNDS 1' /tmp/rounds/awq_cupy/kernels_cu/gemm_wg.cu || rc=1
+                 PYTHONPATH=/tmp/rounds python3 -m pytest -q -m gpu tests/test_ops_gpu.py -k producers_give \
+                   > "$OUT/pytest_rounds.log" 2>&1 || rc=1
+                 cat "$OUT/ab_ring.txt" "$OUT/ab_rounds.txt"; tail -1 "$OUT/pytest_rounds.log" ;;
     bench_full) python3 -m awq_cupy bench --json "$OUT/bench_full.json" --plot "$OUT/bench_full.png" > "$OUT/bench_full.log" 2>&1; rc=$?
                 grep -A60 "^sum over" "$OUT/bench_full.log" | head -60 ;;
     *) echo "unknown step $step"; rc=2 ;;
