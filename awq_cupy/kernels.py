@@ -151,6 +151,11 @@ class GemmVariant(Variant):
         """Dynamic shared memory: two x slots of 8 NB rows x 64 k of 2 bytes."""
         return 2 * 8 * self.token_blocks * 64 * 2
 
+    @property
+    def threads(self) -> int:
+        """Threads per CTA: GEMM_WARPS warps."""
+        return 32 * GEMM_WARPS
+
     def asserts(self, arch: Arch) -> tuple[str, ...]:
         return (f"static_assert(awq_sw::smem_bytes<{self.token_blocks}>() == {self.smem_bytes}, "
                 f"\"awq_cupy.kernels.GemmVariant.smem_bytes\");",)

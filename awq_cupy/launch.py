@@ -221,10 +221,10 @@ def prepare_gemv(w, M: int, kind: str, arch, sms: int, stream: int, *, capturing
 
 
 def _resident(device: int):
-    from .kernels import GEMM_WARPS, kernel
+    from .kernels import kernel
 
     def resident(variant, smem: int) -> int:
-        return kernel(variant, device).resident_blocks(getattr(variant, "threads", 32 * GEMM_WARPS), smem)
+        return kernel(variant, device).resident_blocks(variant.threads, smem)
 
     return resident
 
@@ -234,7 +234,7 @@ def prepare_gemm(w, M: int, kind: str, arch, sms: int, stream: int, *, batch_inv
     """The fused GEMM call for M rows of ``w`` on ``stream``: plans.plan_gemm_launch's plan (``force``: its
     forcing arguments, for tuning and probes), the wgmma kernel's x-tile pass before it (for the variants without
     x producers) and the split-K reduce after it where the plan has them, with their workspaces."""
-    from .kernels import GEMM_WARPS, ReduceVariant, TileXVariant, kernel
+    from .kernels import ReduceVariant, TileXVariant, kernel
 
     if plan is None:
         plan = plans.plan_gemm_launch(M, w.K, w.N, w.group_size, kind, arch, sms, _resident(w.device),
@@ -244,7 +244,6 @@ def prepare_gemm(w, M: int, kind: str, arch, sms: int, stream: int, *, batch_inv
     Np = w.NT * 64
     ws = workspace(plan.splits * M * Np, dev, stream) if plan.splits > 1 else NULL
     variant = plan.variant(kind)
-    threads = variant.threads if plan.wgmma else 32 * GEMM_WARPS
     launches = []   # x goes to the x-tile pass, or to the GEMM launches themselves
     xin = NULL
     x_slots = []
@@ -262,7 +261,7 @@ def prepare_gemm(w, M: int, kind: str, arch, sms: int, stream: int, *, batch_inv
     def gemm(grid, per, ws, blk_base, ws_ld):
         if not tile_pass:
             x_slots.append((len(launches), 0))
-        launches.append(Launch(gk, grid, (threads,),
+        launches.append(Launch(gk, grid, (variant.threads,),
                                (xin, w.qtiles, w.scales, w.zeros, NULL, NULL, ws, as_i32(M), as_i32(w.N),
                                 as_i32(w.K), as_i32(plan.NT16), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG),
                                 as_i32(Np), as_i32(per), as_i32(blk_base), as_i32(ws_ld)),

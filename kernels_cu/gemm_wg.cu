@@ -46,9 +46,10 @@ constexpr int SLOTS = 6;   // x slots: SLOTS - 2 units requested ahead
 // x producers (template XP): variants of 128 and 256 tokens with one block per warp and PEND = 3 (one CTA per SM)
 // can have PRODUCER_WARPS more warps that copy x from global memory into the slots themselves, in place of
 // awq_tile_x_kernel's pass and the bulk copies. Registers move between the roles (setmaxnreg): the consumers'
-// accumulators and weight batches need 208 (less spills one variant), and a producer keeps PRODUCER_DEPTH batches
-// of four 16-byte loads in flight in the rest (48 registers of data): a unit's x tile
-// is 32 KB at 256 tokens, most of which has to be in flight to keep up with the consumers' ~0.75 us per unit.
+// accumulators and weight batches need 208 (less spills one variant), and a producer holds PRODUCER_DEPTH batches
+// of four 16-byte loads in the rest (48 registers of data). ptxas counts all those loads on one scoreboard, so
+// only about one batch is in flight per memory latency, which makes these variants 2-3x slower than the pass;
+// they are built and tested but not planned (docs/design.md §wgmma GEMM (gemm_wg)).
 // awq_cupy.kernels.WgmmaVariant.threads is checked against cta_threads per variant.
 constexpr int PRODUCER_WARPS = 4;
 constexpr int CONSUMER_REGS = 208, PRODUCER_REGS = 88;
@@ -196,8 +197,8 @@ AWQ_DEVICE void sync_consumers() { asm volatile("bar.sync %0, %1;\n" ::"n"(CONSU
 // M and K), so that results are bitwise those of the pass. A warp covers four token rows at a time (a group):
 // lane l reads natural chunk l % 8 (k 32 h + 8 p.., its words j the pairs k 32 h + 8 p + 2 j) of row l / 8, and
 // one stmatrix writes the group: matrix j, row 2 (l / 8) + h is logical chunk 4 h + j of that token row, whose
-// word p is word j of lane (row, chunk 4 h + p). Per thread, batches of PB groups' loads, PRODUCER_DEPTH batches
-// in flight.
+// word p is word j of lane (row, chunk 4 h + p). Per thread, batches of PB groups' loads in PRODUCER_DEPTH
+// register sets (each batch's first store waits for every load issued before it: see PRODUCER_REGS).
 // Before the first write into a slot again the producer waits until every consumer warp of the stream has
 // released the unit it held (empty barrier); each thread makes its writes visible to the wgmmas' (asynchronous)
 // proxy and arrives on the slot's full barrier.
@@ -214,7 +215,7 @@ AWQ_DEVICE void produce_x(const T* __restrict__ x, int M, int K, int m0, int ub,
   auto load = [&](int b, uint4 (&r)[PB]) {
     const int v = b / QB, q = b - v * QB;
     const int k = 64 * (ub + v) + 8 * c;   // K % 8 == 0: a chunk is inside K or past it
-    // one pointer stepped by 4 rows: per-row addresses held across the batches would not fit 64 registers
+    // one pointer stepped by 4 rows: per-row addresses held across the batches would not fit PRODUCER_REGS
     const long long m = row0 + 4 * q * PB;
     const T* p = x + m * K + k;
     const int rows = (int)min((long long)M - m, (long long)4 * PB);   // rows of this batch inside M (may be <= 0)

@@ -136,18 +136,21 @@ def _fake_launch_layer(monkeypatch):
     return workspaces
 
 
-def test_launches_equal_the_uncached_implementations(monkeypatch):
+@pytest.mark.parametrize("x_producers", [False, True])
+def test_launches_equal_the_uncached_implementations(monkeypatch, x_producers):
     """Over 2288 cases (11 layer shapes with group sizes 128, 64, 32 and one group; M = 1 to 4096 across every
     dispatch boundary; fp16 and bf16; batch-invariant or not; sm_90 and sm_80) the path, and every launch's kernel
     (family, including the shape-compiled GEMVs), grid, block, shared memory, PDL attribute and arguments in
     order, equal what the ops.py of 8c7ed94 launched (recorded by the script
     ``git show 8c7ed94:bench/record_plans.py``, with the same fake kernels), but for the wgmma variants that copy x
-    themselves, which launch without the x tile pass (``_without_tile_pass``)."""
+    themselves, which launch without the x tile pass (``_without_tile_pass``): with plans.X_PRODUCERS off (none
+    planned) and on (planned for every 128- and 256-token tile at the default PEND)."""
     recorded = json.load(gzip.open(HERE / "data" / "launch_plans_8c7ed94.json.gz"))["cases"]
     monkeypatch.delenv("AWQ_CUPY_GEMV_SHAPES", raising=False)
     monkeypatch.delenv("AWQ_CUPY_PDL", raising=False)
     monkeypatch.delenv("AWQ_CUPY_WGMMA", raising=False)
     monkeypatch.setattr(plans, "_TAIL_GAIN", 0.0)   # the record predates tail launches (tests/test_dispatch.py)
+    monkeypatch.setattr(plans, "X_PRODUCERS", x_producers)
     workspaces = _fake_launch_layer(monkeypatch)     # (its settings.reload() reads the environment above)
     seen = producers = 0
     for arch_key, sms in REC_ARCHS:
@@ -167,7 +170,7 @@ def test_launches_equal_the_uncached_implementations(monkeypatch):
                         assert got == want, key
                         seen += 1
     assert seen == len(recorded) == 2288
-    assert producers > 0 or not plans.X_PRODUCERS   # the producer variants' cases were compared too
+    assert (producers > 0) == x_producers   # the producer variants' cases were compared where planned
 
 
 def test_prepared_call_hands_the_driver_its_config_and_patched_parameters(monkeypatch):

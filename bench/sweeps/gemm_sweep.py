@@ -21,7 +21,7 @@ import numpy as np
 from awq_cupy import kernels, launch, plans
 from awq_cupy.bench import MODELS, Timer, rotated_weights
 from awq_cupy.jit import arch_of_device
-from awq_cupy.kernels import GEMM_WARPS, WgmmaVariant, kernel
+from awq_cupy.kernels import WgmmaVariant, kernel
 
 ms = [int(v) for v in sys.argv[1].split(",")] if len(sys.argv) > 1 else [16, 32, 64, 128, 256]
 out = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "-" else None
@@ -62,7 +62,7 @@ for name, K, N in layers:
                 if plans.gemm_token_tile(M, True) != 8 * nb:
                     continue
                 v = WgmmaVariant("float16", nb, tw, p, True)
-                per_sm = kernel(v).resident_blocks(32 * GEMM_WARPS, v.smem_bytes)
+                per_sm = kernel(v).resident_blocks(v.threads, v.smem_bytes)
                 pp = plans.plan_gemm(M, K, N, G, wgmma=True, sm_count=sms, resident=per_sm * sms, tiles=tw, depth=p)
                 for sp, pend in ((sp, pend) for sp in sorted({1, 2, 4, 8, pp.splits} | ({16} if M <= 128 else set()))
                                  for pend in kernels.gemm_wg_pends((nb, tw, p))):
