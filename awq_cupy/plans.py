@@ -658,7 +658,7 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
             # M = 768, 70.3 against 85.5 us (docs/design.md §Split-K reduce)
             if ks == 1 or t.tail is not None:
                 return t
-        ksplit, splits = 2, 1
+        ksplit, splits = 2, one.splits // 2
     if ksplit not in (1, 2) or (ksplit == 2 and not wgmma):
         raise ValueError(f"ksplit={ksplit}: 1, or 2 (two K streams per CTA) for the wgmma GEMM")
     Kp, Np = padded_sizes(K, N)
@@ -791,14 +791,16 @@ def row_split(M: int, K: int, N: int, group_size: int, dtype: str, arch, sm_coun
 
 
 # Two K streams per CTA replace a two-way split-K on token tiles of at least _KSPLIT_MIN_NB blocks of 8 when each
-# stream has at most _KSPLIT_MAX_UNITS 64-k units.
+# stream has at most _KSPLIT_MAX_UNITS 64-k units, and halve a four-way split on one tile of _KSPLIT_FOUR_MIN_NB.
 _KSPLIT_MIN_NB = 16
 _KSPLIT_MAX_UNITS = 16
+_KSPLIT_FOUR_MIN_NB = 32
 
 
 def wgmma_ksplit(plan: GemmPlan, wgmma: bool, batch_invariant: bool = False, forced_splits: bool = False) -> int:
     """K streams per CTA for a one-stream GEMM ``plan``: 2 where it splits K two ways on a token tile of 128 or more
-    and each stream would run at most 16 units (K <= 4096), else 1. Two streams run the same CTAs (twice the column
+    and each stream would run at most 16 units (K <= 4096), or four ways on one 256-token tile, else 1 (``plan_gemm``
+    then halves the split count). Two streams run the same CTAs (twice the column
     tiles of half the channels) with one split: no fp32 partials and no reduce kernel, but each unit's x tile is
     copied for 64 channels instead of 128 and each stream has half the x slots, so the saving is fixed and the
     cost grows with the units. Measured on the H200 (docs/design.md §wgmma GEMM (gemm_wg)): ~10% faster on
@@ -807,10 +809,15 @@ def wgmma_ksplit(plan: GemmPlan, wgmma: bool, batch_invariant: bool = False, for
     split tail launch instead of the two-way split, the tail is taken (it ran ~18% faster than two streams on
     Mistral-7B qkv at M = 640 and 768). Replacing four splits by two
     it lost or tied, and without a split to replace it lost more (~17%, gate_up M = 256): hence at most
-    _KSPLIT_MAX_UNITS units and only in place of two splits. Batch-invariant calls and forced split counts keep one
-    stream."""
+    _KSPLIT_MAX_UNITS units in place of two splits. Four splits become two streams x two splits (the same CTAs,
+    half the partials): Mistral-7B at M = 256 (H100, docs/design.md §wgmma GEMM (gemm_wg)) o 23.2 -> 21.1 us (16
+    units per stream), down 52.9 -> 50.8 (56 units), while at M = 512 two streams x two splits lost to the plans
+    there. Measured on one 256-token tile only, so planned there only (M = 129..256). Batch-invariant calls and
+    forced split counts keep one stream."""
     if not wgmma or batch_invariant or forced_splits:
         return 1
+    if plan.splits == 4 and plan.token_blocks >= _KSPLIT_FOUR_MIN_NB and plan.grid[2] == 1:
+        return 2
     if plan.splits != 2 or plan.token_blocks < _KSPLIT_MIN_NB:
         return 1
     return 2 if plan.per <= 2 * _KSPLIT_MAX_UNITS else 1

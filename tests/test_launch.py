@@ -150,6 +150,7 @@ def test_launches_equal_the_uncached_implementations(monkeypatch, x_producers):
     monkeypatch.delenv("AWQ_CUPY_PDL", raising=False)
     monkeypatch.delenv("AWQ_CUPY_WGMMA", raising=False)
     monkeypatch.setattr(plans, "_TAIL_GAIN", 0.0)   # the record predates tail launches (tests/test_dispatch.py)
+    monkeypatch.setattr(plans, "_KSPLIT_FOUR_MIN_NB", 10**9)   # and two K streams in place of four splits
     monkeypatch.setattr(plans, "X_PRODUCERS", x_producers)
     workspaces = _fake_launch_layer(monkeypatch)     # (its settings.reload() reads the environment above)
     seen = producers = 0
