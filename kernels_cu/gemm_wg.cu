@@ -239,9 +239,10 @@ AWQ_DEVICE void produce_x(const T* __restrict__ x, int M, int K, int m0, int ub,
   const int nb = n * QB;
   uint4 r[PRODUCER_DEPTH][PB];
 #ifdef AWQ_PROBE_PRODUCER_ROUNDS
-  // Probe, not yet run: rounds of PRODUCER_DEPTH batches, every load of a round before any of its stores. ptxas
-  // counts all these loads on one scoreboard (docs/design.md §wgmma GEMM (gemm_wg)), so the ring below waits, at
-  // each batch's first store, for the batch it requested just before; here each round waits once for all of them.
+  // Probe: rounds of PRODUCER_DEPTH batches, every load of a round before any of its stores. ptxas counts all these
+  // loads on one scoreboard (docs/design.md §wgmma GEMM (gemm_wg)), so the ring below waits, at each batch's first
+  // store, for the batch it requested just before; here each round waits once for all of them. Faster than the ring,
+  // still well behind the tile pass: registers cannot hold the bytes in flight a unit needs (same section).
   for (int b = 0; b < nb; b += PRODUCER_DEPTH) {
 #pragma unroll
     for (int d = 0; d < PRODUCER_DEPTH; ++d)
