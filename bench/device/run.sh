@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of steps, in order: bash bench/device/run.sh decode same_bits gpu_tests sanitize probes examples bench_quick
-# (also: host_tests, bench_peer, bench_full, producers_ab)
+# (also: host_tests, bench_peer, bench_full, producers_ab, signal_ab)
 # Logs under $OUT; a short summary at the end. same_bits needs the tree to compare against in .old/ (carry it).
 # gpu_tests runs PYTEST_PATHS (default: tests) with PYTEST_ARGS.
 # Wheels in .whl/ (carry it) are installed for the run: the peers of bench_peer (humming-kernels).
@@ -70,6 +70,23 @@ for step in "$@"; do
                  PYTHONPATH=/tmp/rounds python3 -m pytest -q -m gpu tests/test_ops_gpu.py -k producers_give \
                    > "$OUT/pytest_rounds.log" 2>&1 || rc=1
                  cat "$OUT/ab_ring.txt" "$OUT/ab_rounds.txt"; tail -1 "$OUT/pytest_rounds.log" ;;
+    signal_ab) rc=0   # the signalling x tile pass (bench/probes/tile_x_signal_unrolled.patch, docs/history.md v52) on a
+                 # scratch tree: the pass alone (main's, the patch's plain and signalling), its bitwise GPU tests, and
+                 # A/B of main's planned calls against the patch's (signalling where planned, and signal=0)
+                 rm -rf /tmp/sigab && mkdir -p /tmp/sigab && cp -r awq_cupy kernels_cu tests bench /tmp/sigab/ &&
+                   (cd /tmp/sigab && patch -s -p1 < bench/probes/tile_x_signal_unrolled.patch) || rc=1
+                 timeout 90 python3 bench/probes/tile_x_pass_bw.py > "$OUT/pass_bw_main.txt" 2>&1 || rc=1
+                 (cd /tmp/sigab && PYTHONPATH=/tmp/sigab timeout 90 python3 bench/probes/tile_x_pass_bw.py) \
+                   > "$OUT/pass_bw_signal.txt" 2>&1 || rc=1
+                 (cd /tmp/sigab && PYTHONPATH=/tmp/sigab timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider \
+                   tests/test_ops_gpu.py -k "signalled or strides or chained or graph or tail_launch or two_k_streams") \
+                   > "$OUT/pytest_signal.log" 2>&1 || rc=1
+                 export AB_CASES=${AB_CASES:-qkv:512:1024:4096,o:1024:4096,gate_up:1024:4096,down:512:1024:4096}
+                 timeout 90 python3 bench/sweeps/ab_gemm.py main plan > "$OUT/ab_main.txt" 2>&1 || rc=1
+                 (cd /tmp/sigab && mv kernels_cu awq_cupy/kernels_cu && timeout 120 python3 bench/sweeps/ab_gemm.py \
+                   signal /tmp/sigab plan wait:signal=0) > "$OUT/ab_signal.txt" 2>&1 || rc=1
+                 cat "$OUT/pass_bw_main.txt" "$OUT/pass_bw_signal.txt" "$OUT/ab_main.txt" "$OUT/ab_signal.txt"
+                 tail -2 "$OUT/pytest_signal.log" ;;
     bench_full) python3 -m awq_cupy bench --json "$OUT/bench_full.json" --plot "$OUT/bench_full.png" > "$OUT/bench_full.log" 2>&1; rc=$?
                 grep -A60 "^sum over" "$OUT/bench_full.log" | head -60 ;;
     *) echo "unknown step $step"; rc=2 ;;
