@@ -31,7 +31,7 @@ for K, N in ((4096, 4096), (14336, 4096), (28672, 8192)):
         x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
         y = cp.empty((M, N), cp.float16)
         pc = launch.prepare_gemm(w, M, "float16", arch, sms, cp.cuda.get_current_stream().ptr, wgmma=True, **force)
-        if not pc.launches[0].kernel.name.startswith("awq_tile_x_kernel"):
+        if not pc.launches[0].kernel.name.startswith("awq_tile_x"):
             print(f"K={K} M={M}: no x tile pass planned ({pc.launches[0].kernel.name})")
             continue
         pc.run(x.data.ptr, y.data.ptr)   # patches x into the pass's slot (and runs the whole call once)
