@@ -799,21 +799,19 @@ _KSPLIT_FOUR_MIN_NB = 32
 
 def wgmma_ksplit(plan: GemmPlan, wgmma: bool, batch_invariant: bool = False, forced_splits: bool = False) -> int:
     """K streams per CTA for a one-stream GEMM ``plan``: 2 where it splits K two ways on a token tile of 128 or more
-    and each stream would run at most 16 units (K <= 4096), or four ways on one 256-token tile, else 1 (``plan_gemm``
-    then halves the split count). Two streams run the same CTAs (twice the column
-    tiles of half the channels) with one split: no fp32 partials and no reduce kernel, but each unit's x tile is
-    copied for 64 channels instead of 128 and each stream has half the x slots, so the saving is fixed and the
-    cost grows with the units. Measured on the H200 (docs/design.md §wgmma GEMM (gemm_wg)): ~10% faster on
-    Mistral-7B qkv at M = 256 and o at M = 512, ~1% at 16 units per stream (qkv M = 128); with more units per stream
-    it won a few percent or lost up to ~13% (Mistral-7B down, Llama-2-70B o and down). Where ``plan_gemm`` plans a
-    split tail launch instead of the two-way split, the tail is taken (it ran ~18% faster than two streams on
-    Mistral-7B qkv at M = 640 and 768). Replacing four splits by two
-    it lost or tied, and without a split to replace it lost more (~17%, gate_up M = 256): hence at most
-    _KSPLIT_MAX_UNITS units in place of two splits. Four splits become two streams x two splits (the same CTAs,
-    half the partials): Mistral-7B at M = 256 (H100, docs/design.md §wgmma GEMM (gemm_wg)) o 23.2 -> 21.1 us (16
-    units per stream), down 52.9 -> 50.8 (56 units), while at M = 512 two streams x two splits lost to the plans
-    there. Measured on one 256-token tile only, so planned there only (M = 129..256). Batch-invariant calls and
-    forced split counts keep one stream."""
+    and each stream would run at most 16 units (K <= 4096), or four ways on one 256-token tile, else 1; with 2,
+    ``plan_gemm`` halves the split count. Two streams run the same CTAs (twice the column tiles of half the
+    channels) with half the splits: fewer fp32 partials (none in place of two splits, and no reduce kernel), but
+    each unit's x tile is copied for 64 channels instead of 128 and each stream has half the x slots, so the saving
+    is fixed and the cost grows with the units. Measured on the H200 (docs/design.md §wgmma GEMM (gemm_wg)): in
+    place of two splits ~10% faster on Mistral-7B qkv at M = 256 and o at M = 512, ~1% at 16 units per stream (qkv
+    M = 128); with more units per stream it won a few percent or lost up to ~13% (Mistral-7B down, Llama-2-70B o
+    and down). Where ``plan_gemm`` plans a split tail launch instead of the two-way split, the tail is taken (it ran
+    ~18% faster than two streams on Mistral-7B qkv at M = 640 and 768). In place of four splits, two streams with
+    one split lost or tied, and without a split to replace they lost more (~17%, gate_up M = 256); two streams x
+    two splits won on the H100 at M = 256 (Mistral-7B o 23.2 -> 21.1 us, 16 units per stream; down 52.9 -> 50.8,
+    56 units) and lost at M = 512, so they are planned on one 256-token tile only (M = 129..256). Batch-invariant
+    calls and forced split counts keep one stream."""
     if not wgmma or batch_invariant or forced_splits:
         return 1
     if plan.splits == 4 and plan.token_blocks >= _KSPLIT_FOUR_MIN_NB and plan.grid[2] == 1:

@@ -625,10 +625,12 @@ def test_gemm_plan_with_two_k_streams():
         plan_gemm(256, 4096, 6144, 128, wgmma=False, ksplit=2)
 
 
-# (layer, M): the one-stream split count and whether two K streams are planned (docs/history.md v23, H200 runs)
+# (layer, M): the one-stream split count and whether two K streams are planned (docs/history.md v23, H200 runs;
+# four splits at M = 256: v52, H100)
 _KSPLIT_CASES = {("qkv", 256): (2, True), ("qkv", 128): (2, True), ("o", 512): (2, True), ("down", 512): (2, False),
                  ("o", 128): (4, False), ("o", 256): (4, True), ("down", 128): (4, False),
-                 ("down", 256): (4, True), ("down", 768): (4, False), ("gate_up", 256): (1, False), ("qkv", 64): (5, False),
+                 ("down", 256): (4, True), ("down", 768): (4, False), ("gate_up", 256): (1, False),
+                 ("qkv", 64): (5, False),
                  ("o", 64): (4, False), ("l_o", 128): (2, False), ("l_o", 256): (2, False),
                  ("l_down", 128): (2, False), ("l_down", 256): (2, False)}
 

@@ -79,7 +79,8 @@ for step in "$@"; do
                  (cd /tmp/sigab && PYTHONPATH=/tmp/sigab timeout 90 python3 bench/probes/tile_x_pass_bw.py) \
                    > "$OUT/pass_bw_signal.txt" 2>&1 || rc=1
                  (cd /tmp/sigab && PYTHONPATH=/tmp/sigab timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider \
-                   tests/test_ops_gpu.py -k "signalled or strides or chained or graph or tail_launch or two_k_streams") \
+                   tests/test_ops_gpu.py \
+                   -k "signalled or strides or chained or graph or tail_launch or two_k_streams") \
                    > "$OUT/pytest_signal.log" 2>&1 || rc=1
                  export AB_CASES=${AB_CASES:-qkv:512:1024:4096,o:1024:4096,gate_up:1024:4096,down:512:1024:4096}
                  timeout 90 python3 bench/sweeps/ab_gemm.py main plan > "$OUT/ab_main.txt" 2>&1 || rc=1
