@@ -324,6 +324,15 @@ def has_producers(shape) -> bool:
     """Whether a wgmma shape (token blocks, tiles, depth) has x-producer variants (at its default PEND)."""
     return tuple(shape) in GEMM_WG_PRODUCER_SHAPES
 
+# Shapes with tensor-map variants (awq_gemm_wg_tma_kernel: x read as it is, no x tile pass): the 128- and 256-token
+# tiles, at each of their PENDs and K stream counts
+GEMM_WG_TMA_SHAPES = ((16, 1, 4), (32, 1, 4))
+
+
+def has_tma(shape) -> bool:
+    """Whether a wgmma shape (token blocks, tiles, depth) has tensor-map variants."""
+    return tuple(shape) in GEMM_WG_TMA_SHAPES
+
 # The 128-token tile also has a PEND = 2 variant that fits 128 registers, so two CTAs share an SM: faster where the
 # grid has more CTAs than SMs, slower with one CTA per SM; plans.plan_gemm_launch picks by the planned grid.
 # {(token blocks, tiles, depth): PEND}
@@ -347,7 +356,9 @@ class WgmmaVariant(Variant):
     the default; a value equal to it is stored as None), ``ksplit`` = 2: two K streams per CTA (template KW);
     ``producers``: GEMM_WG_PRODUCER_WARPS more warps copy x into shared memory inside the kernel, which then takes x
     [M, K] itself instead of awq_tile_x_kernel's tiles (template XP; shapes of GEMM_WG_PRODUCER_SHAPES at the
-    default PEND only; docs/design.md §wgmma GEMM (gemm_wg))."""
+    default PEND only; docs/design.md §wgmma GEMM (gemm_wg)); ``tma``: awq_gemm_wg_tma_kernel, which reads x
+    [M, K] through a tensor map (``driver.TensorMap``) and puts its weight words in x's k order (shapes of
+    GEMM_WG_TMA_SHAPES)."""
 
     family: ClassVar[str] = "gemm_wg"
     template: ClassVar[str] = "awq_gemm_wg_kernel"
@@ -359,6 +370,7 @@ class WgmmaVariant(Variant):
     pend: int | None = None
     ksplit: int = 1
     producers: bool = False
+    tma: bool = False
 
     def __post_init__(self):
         if self.pend == gemm_wg_pend(self.token_blocks):
@@ -368,6 +380,14 @@ class WgmmaVariant(Variant):
         if self.producers and (self.pend is not None or not has_producers(self.shape)):
             raise ValueError(f"wgmma GEMM shape {self.shape} with PEND {self.pend}: x producers exist for the "
                              f"shapes {GEMM_WG_PRODUCER_SHAPES} at their default PEND only")
+        if self.tma and (self.producers or not has_tma(self.shape)):
+            raise ValueError(f"wgmma GEMM shape {self.shape}, producers={self.producers}: tensor-map variants exist "
+                             f"for the shapes {GEMM_WG_TMA_SHAPES} without x producers")
+
+    @property
+    def expr(self) -> str:
+        name = "awq_gemm_wg_tma_kernel" if self.tma else self.template
+        return f"{name}<{', '.join(self.template_args())}>"
 
     @property
     def shape(self) -> tuple:
@@ -418,6 +438,8 @@ def _wgmma_variants(arch: Arch) -> tuple:
                     for ga in (True, False))
             + tuple(WgmmaVariant(d, *s, ga, ksplit=ks, producers=True) for d in dtypes
                     for s in GEMM_WG_PRODUCER_SHAPES for ks in (1, 2) for ga in (True, False))
+            + tuple(WgmmaVariant(d, *s, ga, pend, ksplit=ks, tma=True) for d in dtypes for s in GEMM_WG_TMA_SHAPES
+                    for ga in (True, False) for pend in gemm_wg_pends(s) for ks in ((1, 2) if pend is None else (1,)))
             + tuple(TileXVariant(d) for d in dtypes))
 
 

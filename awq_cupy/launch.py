@@ -15,7 +15,7 @@ import threading
 import numpy as np
 
 from . import plans
-from .driver import Launch
+from .driver import Launch, TensorMap
 from .jit import as_i32
 from .plans import GemmPlan, GemvPlan, Path, RowSplit
 
@@ -102,7 +102,8 @@ class PreparedCall:
     kernels; a ``Path.CUBLAS`` call has no launches (``ops`` runs dequantize + cuBLAS itself). ``capture_safe``:
     nothing in it loads a module, allocates or calls cuBLAS, so it may run while the stream captures a graph."""
 
-    __slots__ = ("path", "plan", "launches", "_spec", "_x", "_y", "_b", "_xo", "_yo", "capture_safe", "_lock", "run")
+    __slots__ = ("path", "plan", "launches", "_spec", "_x", "_y", "_b", "_xo", "_yo", "_xm", "capture_safe", "_lock",
+                 "run")
 
     def __init__(self, path: Path, plan, launches=(), x_slots=(), y_slots=(), b_slots=()):
         self.path, self.plan, self.launches = path, plan, tuple(launches)
@@ -112,16 +113,22 @@ class PreparedCall:
                            for sl in (x_slots, y_slots, b_slots))
         # what run patches: (the launch's slots array, parameter) of the slots written as given, and (slots,
         # parameter, offset) of those written at an offset
+        # x given to a tensor-map parameter: (map, offset), encoded for x + offset
+        maps = [getattr(one, "maps", None) or {} for one in self.launches]
+        self._xm = tuple((maps[i][j], o) for i, j, o in self._spec[0] if j in maps[i])
+        x_spec = tuple(t for t in self._spec[0] if t[1] not in maps[t[0]])
         self._x, self._y, self._b = (tuple((self.launches[i].slots, j) for i, j, o in sl if not o)
-                                     for sl in self._spec)
-        self._xo, self._yo = (tuple((self.launches[i].slots, j, o) for i, j, o in sl if o) for sl in self._spec[:2])
+                                     for sl in (x_spec,) + self._spec[1:])
+        self._xo, self._yo = (tuple((self.launches[i].slots, j, o) for i, j, o in sl if o)
+                              for sl in (x_spec, self._spec[1]))
         if any(o for _, _, o in self._spec[2]):
             raise ValueError("the bias is never offset: every part of a call adds the same bias")
         self.capture_safe = path is not Path.CUBLAS
         self._lock = threading.Lock()   # patch-then-fire is one step for threads sharing a stream and weight
         # run(x, y, bias=0): the one-launch call (the GEMV, the mma.sync GEMM without a split) has its own
         # straight-line version: it is the decode loop's whole host cost after the checks
-        if len(self.launches) == 1 and len(self._x) == len(self._y) == len(self._b) == 1 and not self._xo + self._yo:
+        if (len(self.launches) == 1 and len(self._x) == len(self._y) == len(self._b) == 1
+                and not self._xo + self._yo + self._xm):
             self.run = self._one(self.launches[0], self._x[0][1], self._y[0][1], self._b[0][1], self._lock)
         else:
             self.run = self._many
@@ -153,6 +160,8 @@ class PreparedCall:
 
     def _many(self, x: int, y: int, bias: int = 0) -> None:
         with self._lock:
+            for m, o in self._xm:
+                m.point(x + o if o else x)
             for s, i in self._x:
                 s[i] = x
             for s, i in self._y:
@@ -232,8 +241,9 @@ def _resident(device: int):
 def prepare_gemm(w, M: int, kind: str, arch, sms: int, stream: int, *, batch_invariant: bool = False,
                  plan: GemmPlan | None = None, **force) -> PreparedCall:
     """The fused GEMM call for M rows of ``w`` on ``stream``: plans.plan_gemm_launch's plan (``force``: its
-    forcing arguments, for tuning and probes), the wgmma kernel's x-tile pass before it (for the variants without
-    x producers) and the split-K reduce after it where the plan has them, with their workspaces."""
+    forcing arguments, for tuning and probes), the wgmma kernel's x-tile pass before it (for the variants that
+    neither copy x themselves nor read it through a tensor map) and the split-K reduce after it where the plan has
+    them, with their workspaces."""
     from .kernels import ReduceVariant, TileXVariant, kernel
 
     if plan is None:
@@ -247,7 +257,9 @@ def prepare_gemm(w, M: int, kind: str, arch, sms: int, stream: int, *, batch_inv
     launches = []   # x goes to the x-tile pass, or to the GEMM launches themselves
     xin = NULL
     x_slots = []
-    tile_pass = plan.wgmma and not variant.producers
+    tile_pass = plan.wgmma and not plan.producers and not plan.tma
+    # one tensor map of x [M, K] for every GEMM launch of the call, encoded for x at each run
+    xmap = TensorMap(M, w.K, 8 * plan.token_blocks, 64) if plan.tma else None
     if tile_pass:   # x as per-(token tile, 64-k unit) shared-memory images, each brought in by one bulk copy
         BM = 8 * plan.token_blocks
         chunks = plans.x_tile_chunks(M, w.K, BM)
@@ -260,11 +272,12 @@ def prepare_gemm(w, M: int, kind: str, arch, sms: int, stream: int, *, batch_inv
 
     def gemm(grid, per, ws, blk_base, ws_ld):
         if not tile_pass:
-            x_slots.append((len(launches), 0))
+            x_slots.append((len(launches), 18 if xmap is not None else 0))
         launches.append(Launch(gk, grid, (variant.threads,),
                                (xin, w.qtiles, w.scales, w.zeros, NULL, NULL, ws, as_i32(M), as_i32(w.N),
                                 as_i32(w.K), as_i32(plan.NT16), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG),
-                                as_i32(Np), as_i32(per), as_i32(blk_base), as_i32(ws_ld)),
+                                as_i32(Np), as_i32(per), as_i32(blk_base), as_i32(ws_ld))
+                               + ((xmap,) if xmap is not None else ()),
                                smem=plan.smem, pdl=pdl, stream=stream))
 
     y_slots, b_slots = [(len(launches), 5)], [(len(launches), 4)]
@@ -272,7 +285,7 @@ def prepare_gemm(w, M: int, kind: str, arch, sms: int, stream: int, *, batch_inv
     splits, n0 = plan.splits, 0
     if plan.tail is not None:   # the last column tiles, split, into a workspace of their own columns
         if not plan.wgmma:
-            raise ValueError("a tail launch is planned for the wgmma GEMM only (x comes from its tile pass)")
+            raise ValueError("a tail launch is planned for the wgmma GEMM only (both launches read one x image)")
         splits, n0 = plan.tail.splits, 16 * plan.tail_block0
         ws_ld = Np - n0
         ws = workspace(splits * M * ws_ld, dev, stream)

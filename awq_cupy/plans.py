@@ -75,7 +75,8 @@ class GemmPlan:
     not the default (None), ``reduce_cols`` the split-K reduce kernel's columns per thread (0 without a split).
     With a ``tail``, ``grid`` is the first launch's (whole waves of unsplit column tiles, ``splits`` = 1) and the
     tail's column tiles after it are a second, split launch (``tail_grid``) whose reduce takes ``reduce_cols``.
-    ``producers``: the wgmma kernel's x-producer variant, which copies x itself (no x tile pass before it)."""
+    ``producers``: the wgmma kernel's x-producer variant, which copies x itself (no x tile pass before it);
+    ``tma``: its tensor-map variant, which reads x as it is (no x tile pass either)."""
     wgmma: bool
     token_blocks: int
     tiles: int
@@ -91,6 +92,7 @@ class GemmPlan:
     reduce_cols: int = 0
     tail: TailSplit | None = None
     producers: bool = False
+    tma: bool = False
 
     @property
     def tail_grid(self) -> tuple:
@@ -115,7 +117,7 @@ class GemmPlan:
 
         if self.wgmma:
             return WgmmaVariant(dtype, self.token_blocks, self.tiles, self.depth, self.aligned, self.pend,
-                                self.ksplit, self.producers)
+                                self.ksplit, self.producers, self.tma)
         return GemmVariant(dtype, self.token_blocks, self.tiles, self.depth, self.aligned)
 
 
@@ -160,19 +162,27 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
                      tiles: int | None = None, splits: int | None = None, wgmma: bool | None = None,
                      depth: int | None = None, pend: int | None = None, reduce_cols: int | None = None,
                      ksplit: int | None = None, tail: bool | None = None,
-                     token_tile: int | None = None, producers: bool | None = None) -> GemmPlan:
+                     token_tile: int | None = None, producers: bool | None = None,
+                     tma: bool | None = None) -> GemmPlan:
     """The fused GEMM's whole launch plan for M rows, variant included: the wgmma kernel where ``uses_wgmma``
     (or ``wgmma``), its shape for M (``gemm_shape_for``), split-K planned over the CTAs the GPU holds at once
     (``resident(variant, smem)``: CTAs of that kernel one SM holds; batch-invariant calls plan for one
     per SM so that no variant's occupancy enters), two K streams where ``wgmma_ksplit`` says so, the two-CTAs-per-SM
     PEND variant where ``wgmma_pend`` does, and the reduce kernel's columns (``reduce_columns``). The other
     arguments force a choice (for tuning and probes); ``tail`` and ``token_tile`` as for ``plan_gemm``;
-    ``producers``: the x-producer variant (None: wherever the planned shape and PEND have one, ``X_PRODUCERS``)."""
-    from .kernels import GemmVariant, WgmmaVariant, has_producers
+    ``producers``: the x-producer variant (None: wherever the planned shape and PEND have one, ``X_PRODUCERS``);
+    ``tma``: the tensor-map variant (None: wherever the planned shape has one and no producers run, ``X_TMA``)."""
+    from .kernels import GemmVariant, WgmmaVariant, has_producers, has_tma
 
     wg = uses_wgmma(arch, None if batch_invariant else M) if wgmma is None else wgmma
     nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wg, depth=depth, token_tile=token_tile)
     aligned = aligned_groups(group_size, max(1, K // group_size))
+    xp = wg and pend is None and has_producers((nb, tw, depth)) and (X_PRODUCERS if producers is None
+                                                                      else bool(producers))
+    if tma and (not wg or xp or not has_tma((nb, tw, depth))):
+        raise ValueError(f"tma=True: the planned GEMM (wgmma={wg}, shape {(nb, tw, depth)}, producers={xp}) has "
+                         f"no tensor-map variant")
+    xt = wg and not xp and has_tma((nb, tw, depth)) and (x_by_tensor_map(N) if tma is None else bool(tma))
 
     def planned(variant, ks) -> GemmPlan:
         res = sm_count if batch_invariant else resident(variant, variant.smem_bytes) * sm_count
@@ -184,29 +194,42 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
         if ksplit is None and pend is not None:   # two-stream variants exist for the default PEND only
             ksplit = 1
         ks = 1 if ksplit is None else ksplit      # None: the plan chooses (wgmma_ksplit)
-        p = planned(WgmmaVariant(dtype, nb, tw, depth, aligned, pend, ks), ksplit)
+        p = planned(WgmmaVariant(dtype, nb, tw, depth, aligned, pend, ks, tma=xt), ksplit)
         two = (wgmma_pend((nb, tw, depth), p.ctas, sm_count, batch_invariant)
                if pend is None and p.ksplit == 1 else None)
         if two is not None:
             chosen_pend = two
-            p = planned(WgmmaVariant(dtype, nb, tw, depth, aligned, two), 1)
+            p = planned(WgmmaVariant(dtype, nb, tw, depth, aligned, two, tma=xt), 1)
     else:
         p = planned(GemmVariant(dtype, nb, tw, depth, aligned), 1)
     cols = 0
     if p.splits > 1 or p.tail is not None:   # a tail's reduce covers its own columns only
         cols = (reduce_columns(M, N - 16 * p.tail_block0, sm_count) if reduce_cols is None else reduce_cols)
-    xp = False
-    if wg and chosen_pend is None and has_producers((nb, tw, depth)):
-        xp = X_PRODUCERS if producers is None else bool(producers)
-    elif producers:
+    if xp and chosen_pend is not None:   # the two-per-SM PEND has no x-producer variant
+        xp = False
+    if producers and not xp:
         raise ValueError(f"producers=True: the planned wgmma GEMM (shape {(nb, tw, depth)}, PEND {chosen_pend}) "
                          f"has no x-producer variant")
-    return dataclasses.replace(p, pend=chosen_pend if wg else None, reduce_cols=cols, producers=xp)
+    return dataclasses.replace(p, pend=chosen_pend if wg else None, reduce_cols=cols, producers=xp, tma=xt)
 
 
 # Whether the wgmma GEMM's 128- and 256-token tiles copy x inside the kernel (producer warps) instead of after an x
 # tile pass: docs/design.md §wgmma GEMM (gemm_wg). Off until measured on the GPU.
 X_PRODUCERS = False
+# Whether they read x through a tensor map (awq_gemm_wg_tma_kernel) instead of after an x tile pass, and up to which
+# N (x_by_tensor_map).
+X_TMA = True
+X_TMA_MAX_N = 16384
+
+
+def x_by_tensor_map(N: int) -> bool:
+    """Whether the wgmma GEMM's 128- and 256-token tiles read x through a tensor map (no x tile pass; the weight
+    words reordered in registers) for N output columns: up to ``X_TMA_MAX_N``. The pass costs M x K x 4 bytes of
+    DRAM traffic once per call, which narrow layers (few column tiles per token tile) pay in full and wide ones
+    spread over many tiles; reading x rows in place costs a few percent per tile on wide layers (docs/design.md
+    §wgmma GEMM (gemm_wg): Llama-2-70B gate_up, N = 57344, lost 4.6% at M = 4096; every layer with N <= 14336
+    gained, 2-9% from M = 256)."""
+    return X_TMA and N <= X_TMA_MAX_N
 
 
 # ----------------------------------------------------------------------------------------------------------------

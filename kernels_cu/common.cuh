@@ -238,6 +238,21 @@ AWQ_DEVICE void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
   mbar_expect(bar, bytes);
   bulk_copy(dst, src, bytes, bar);
 }
+// A 2-D tensor map (CUtensorMap: 128 opaque bytes, 64-byte aligned) passed by value as a __grid_constant__ kernel
+// parameter; awq_cupy.driver.TensorMap encodes it on the host (cuTensorMapEncodeTiled).
+struct alignas(64) TensorMap {
+  unsigned long long opaque[16];
+};
+// The box of `map` at (element c0 of a row, row c1) to shared dst, counted on bar; elements outside the tensor are
+// written as zeros and counted too, so a phase expects the whole box's bytes.
+AWQ_DEVICE void tma_load_2d(u32 dst, const TensorMap* map, int c0, int c1, u32 bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+AWQ_DEVICE void tma_prefetch(const TensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<u64>(map)) : "memory");
+}
 // One arrival on bar (release: this thread's earlier writes are visible to whoever waits for the phase).
 AWQ_DEVICE void mbar_arrive(u32 bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");

@@ -188,6 +188,31 @@ AWQ_DEVICE void store_partials_staged(const float (&acc)[TW][4 * NB], float* __r
   copy_staged<8 * NB, CPR, NT, BAR>(stage, reinterpret_cast<unsigned char*>(dst), 4LL * ws_ld, M - m0,
                                     (N - c0) / 4, st);
 }
+// A lane's weight words (its 16 bytes of a 64-k block, in the layout's k order) rearranged within its quad into
+// natural k order, for B tiles that hold x as it is in memory (the tensor-map variant): word t then feeds k16 step t
+// with the A fragment of k 16 t + 2 r, + 1 (pair f = 0, low nibble of each byte) and 16 t + 2 r + 8, + 9 (f = 1,
+// high nibbles), r = lane % 4. In the layout, lane r's word i, pair f holds k pair p = 16 (i >> 1) + 4 r + 2 (i & 1)
+// + f (k = 2 p, 2 p + 1); natural order wants pair 8 t + 4 f + r there. Per 32-k half (words 2 h, 2 h + 1) that is a
+// 4 x 4 transpose between the quad's lanes of the four pair slots (word i & 1, nibble half f): the word index
+// swaps with lane bit 1 (one whole word exchanged), then the nibble half with lane bit 0 (the nibbles of both words
+// that leave, packed into one word). Two shuffles and ~11 integer instructions per half.
+AWQ_DEVICE void natural_half(u32& w0, u32& w1, int lane) {
+  const bool b = lane & 2;
+  const u32 recv = __shfl_xor_sync(0xffffffffu, b ? w0 : w1, 2);
+  const u32 a0 = b ? recv : w0, a1 = b ? w1 : recv;   // word j now comes from the lane whose bit 1 is j
+  const u32 c = lane & 1, s0 = 4 - 4 * c, s1 = 4 * c;
+  const u32 lo = 0x0f0f0f0fu, keep = c ? ~lo : lo;    // this lane keeps nibble half c, sends the other
+  const u32 pack = ((a0 >> s0) & lo) | ((a1 << s1) & ~lo);
+  const u32 r = __shfl_xor_sync(0xffffffffu, pack, 1);
+  w0 = (a0 & keep) | ((r << s0) & ~keep);
+  w1 = (a1 & keep) | ((r >> s1) & ~keep);
+}
+AWQ_DEVICE uint4 natural_k(uint4 w, int lane) {
+  natural_half(w.x, w.y, lane);
+  natural_half(w.z, w.w, lane);
+  return w;
+}
+
 // Named barrier of the consumer warps (the producers have left or never existed).
 constexpr int CONSUMERS_BAR = 3;
 AWQ_DEVICE void sync_consumers() { asm volatile("bar.sync %0, %1;\n" ::"n"(CONSUMERS_BAR), "n"(THREADS) : "memory"); }
@@ -314,21 +339,28 @@ __global__ void __launch_bounds__(256) awq_tile_x_kernel(const T* __restrict__ x
 // slot has a full barrier (every producer thread of the stream arrives once its part of the unit is written) and an
 // empty one (every consumer warp of the stream arrives once its wgmmas reading the unit have retired); no CTA-wide
 // barrier per unit.
-template <typename T, int NB, int TW, int P, bool GA, int PEND = (NB >= 16 ? 3 : 1), int KW = 1, bool XP = false>
-__global__ void __launch_bounds__(awq_wg::cta_threads<XP>(), 1) awq_gemm_wg_kernel(
-    const T* __restrict__ xt,         // producers: x [M, K]; else [M tiles][KS][BM][64] tiles (awq_tile_x_kernel)
-    const uint4* __restrict__ qtiles, // [NT16][KS][32] weight blocks
-    const u32* __restrict__ scales,   // [NG, Np] permuted scales, as u32 pairs
-    const u32* __restrict__ zeros,    // [NG, Np] permuted MAGIC + z, as u32 pairs
-    const T* __restrict__ bias,       // [N] or nullptr
-    T* __restrict__ y,                // [M, N] output (used when splits == 1)
-    float* __restrict__ ws,           // [splits, M, Np] fp32 partials (used when splits > 1)
-    int M, int N, int K,              // problem size
-    int NT16, int KS,                 // 16-column blocks, 64-k units per block
-    int G, int NG, int Np,            // group size, number of groups, padded N
-    int units_per_split,
-    int blk_base,                     // the grid's first 16-column block (0, or a tail launch's first)
-    int ws_ld) {                      // floats per row of ws (its columns start at channel 16 blk_base)
+// The GEMM's parameters, shared by its two kernels (awq_gemm_wg_kernel, awq_gemm_wg_tma_kernel) and their body.
+#define AWQ_GEMM_WG_PARAMS                                                                                      \
+  const T* __restrict__ xt,         /* producers: x [M, K]; TMA: unused; else the x tiles (awq_tile_x_kernel) */ \
+      const uint4* __restrict__ qtiles, /* [NT16][KS][32] weight blocks */                                      \
+      const u32* __restrict__ scales,   /* [NG, Np] permuted scales, as u32 pairs */                            \
+      const u32* __restrict__ zeros,    /* [NG, Np] permuted MAGIC + z, as u32 pairs */                         \
+      const T* __restrict__ bias,       /* [N] or nullptr */                                                    \
+      T* __restrict__ y,                /* [M, N] output (used when splits == 1) */                             \
+      float* __restrict__ ws,           /* [splits, M, Np] fp32 partials (used when splits > 1) */              \
+      int M, int N, int K,              /* problem size */                                                      \
+      int NT16, int KS,                 /* 16-column blocks, 64-k units per block */                            \
+      int G, int NG, int Np,            /* group size, number of groups, padded N */                            \
+      int units_per_split,                                                                                      \
+      int blk_base, /* the grid's first 16-column block (0, or a tail launch's first) */                       \
+      int ws_ld     /* floats per row of ws (its columns start at channel 16 blk_base) */
+#define AWQ_GEMM_WG_ARGS xt, qtiles, scales, zeros, bias, y, ws, M, N, K, NT16, KS, G, NG, Np, units_per_split, \
+                         blk_base, ws_ld
+
+// XT: x [M, K] comes by the tensor map xmap (box 64 x BM at (64 unit, m0)) in natural k order, and each warp puts
+// its weight words in that order first (awq_wg::natural_k); else xt as above and xmap unused.
+template <typename T, int NB, int TW, int P, bool GA, int PEND, int KW, bool XP, bool XT>
+AWQ_DEVICE void awq_gemm_wg_body(AWQ_GEMM_WG_PARAMS, const TensorMap* xmap) {
   using namespace awq_wg;
   static_assert(P >= 2, "two batches of at least one unit");
   constexpr int BM = 8 * NB, SZ = GA ? 1 : 2, R = BM / 2;
@@ -340,6 +372,7 @@ __global__ void __launch_bounds__(awq_wg::cta_threads<XP>(), 1) awq_gemm_wg_kern
   static_assert(KW == 1 || TW * BM * 256 <= SLOTS * BM * 128, "warpgroup 1's sums fit in the x slots");
   constexpr int SLOT_BYTES = slot_bytes<NB>();
   static_assert(!XP || producers_fit<NB, TW, PEND>(), "x producers: 128 or 256 tokens, TW = 1, PEND = 3");
+  static_assert(!(XP && XT), "x from producers or by the tensor map");
   using Stream = UnitStream<T, TW, SZ, BM, THREADS, false>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ __align__(8) unsigned long long bars[XP ? 2 * SLOTS : SLOTS];   // full, then (XP) empty barriers
@@ -388,11 +421,16 @@ __global__ void __launch_bounds__(awq_wg::cta_threads<XP>(), 1) awq_gemm_wg_kern
   const int blk0 = blk_base + (blockIdx.x * (WARPS / KW) + (KW == 2 ? warp & 3 : warp)) * TW;   // its first block
   // every warp of a warpgroup issues its wgmmas; blocks past NT16 load zeros and are not stored
   Stream units(nullptr, qtiles, scales, zeros, M, K, NT16, KS, G, NG, Np, m0, ub, blk0, tid, lane);
-  const T* xsrc = xt + ((long long)blockIdx.z * KS + ub) * (BM * 64);   // this K stream's first x tile
   const u32 kslot0 = smem0 + kg * SL * SLOT_BYTES, kbar0 = bar0 + 8 * kg * SL;   // its slots and barriers
   const u32 ebar0 = bar0 + 8 * (SLOTS + kg * SL);                                  // (XP) its empty barriers
   auto request = [&](int v, int s) {   // the stream's thread 0: unit v's x tile into its slot s = v % SL
-    bulk_load(kslot0 + s * SLOT_BYTES, xsrc + (long long)v * (BM * 64), SLOT_BYTES, kbar0 + 8 * s);
+    if constexpr (XT) {   // the box at (k 64 (ub + v), row m0); its bytes are counted whole, zeros included
+      mbar_expect(kbar0 + 8 * s, SLOT_BYTES);
+      tma_load_2d(kslot0 + s * SLOT_BYTES, xmap, 64 * (ub + v), m0, kbar0 + 8 * s);
+    } else {
+      const T* xsrc = xt + ((long long)blockIdx.z * KS + ub) * (BM * 64);   // this K stream's first x tile
+      bulk_load(kslot0 + s * SLOT_BYTES, xsrc + (long long)v * (BM * 64), SLOT_BYTES, kbar0 + 8 * s);
+    }
   };
   // slot s, k16 step t: the descriptor of kslot0 + s SLOT_BYTES + 32 t (the start address field counts 16 bytes,
   // and shared addresses stay below its 2^18-byte range)
@@ -412,6 +450,9 @@ __global__ void __launch_bounds__(awq_wg::cta_threads<XP>(), 1) awq_gemm_wg_kern
       for (int j = 0; j < 4; ++j) afr[b][i][j] = 0u;
 
   auto compute = [&](const typename Stream::Stage& st, u32 slot_desc, auto&& after_first) {
+    uint4 wk[TW];   // the weight words in x's k order
+#pragma unroll
+    for (int i = 0; i < TW; ++i) wk[i] = XT ? natural_k(st.w[i], lane) : st.w[i];
 #pragma unroll
     for (int h = 0; h < SZ; ++h) {
       ScaledDecoder<T> dec[TW];
@@ -423,7 +464,7 @@ __global__ void __launch_bounds__(awq_wg::cta_threads<XP>(), 1) awq_gemm_wg_kern
         wait<PEND>();                                  // step t - PEND - 1 (buffer t of the last unit) has finished
         retire(afr[(t + 3 - PEND) & 3]);               // that step's buffer: live until here (PEND <= 3)
 #pragma unroll
-        for (int i = 0; i < TW; ++i) dec[i].fragment(awq_units::word(st.w[i], t), afr[t][i]);
+        for (int i = 0; i < TW; ++i) dec[i].fragment(awq_units::word(wk[i], t), afr[t][i]);
         fence();
 #pragma unroll
         for (int i = 0; i < TW; ++i) Wgmma<T, BM>::run(acc[i], afr[t][i], desc_sw128(slot_desc + 2 * t));
@@ -440,6 +481,8 @@ __global__ void __launch_bounds__(awq_wg::cta_threads<XP>(), 1) awq_gemm_wg_kern
 #pragma unroll
   for (int j = 0; j < B; ++j)
     if (j < n) units.load(sb[0][j]);
+  if constexpr (XT)
+    if (ktid == 0) tma_prefetch(xmap);
   pdl_wait();
   if constexpr (!XP) {
     if (tid == 0) {
@@ -551,4 +594,17 @@ __global__ void __launch_bounds__(awq_wg::cta_threads<XP>(), 1) awq_gemm_wg_kern
   }
   store_swapped_tile<T, TW, NB>([&](int i, int j, int e) { return acc[i][4 * j + e]; }, bias, y, ws, M, N, ws_ld,
                                 16 * blk_base, m0, blk0, units.nvalid, lane);
+}
+
+template <typename T, int NB, int TW, int P, bool GA, int PEND = (NB >= 16 ? 3 : 1), int KW = 1, bool XP = false>
+__global__ void __launch_bounds__(awq_wg::cta_threads<XP>(), 1) awq_gemm_wg_kernel(AWQ_GEMM_WG_PARAMS) {
+  awq_gemm_wg_body<T, NB, TW, P, GA, PEND, KW, XP, false>(AWQ_GEMM_WG_ARGS, nullptr);
+}
+
+// x straight from [M, K] (xt unused) by xmap, which awq_cupy.driver.TensorMap encodes on the host: rows of K
+// 2-byte elements, box 64 x BM, the 128-byte swizzle, zeros outside. No x tile pass runs before it.
+template <typename T, int NB, int TW, int P, bool GA, int PEND = (NB >= 16 ? 3 : 1), int KW = 1>
+__global__ void __launch_bounds__(awq_wg::THREADS, 1)
+    awq_gemm_wg_tma_kernel(AWQ_GEMM_WG_PARAMS, const __grid_constant__ TensorMap xmap) {
+  awq_gemm_wg_body<T, NB, TW, P, GA, PEND, KW, false, true>(AWQ_GEMM_WG_ARGS, &xmap);
 }

@@ -29,6 +29,8 @@ REC_DTYPES = ("float16", "bfloat16")
 
 
 def _rec_label(a, names):
+    if isinstance(a, launch.TensorMap):
+        return f"tensor_map:{a.rows}x{a.cols}"
     if isinstance(a, np.generic):
         return f"{type(a).__name__}:{int(a) if isinstance(a, np.integer) else float(a)}"
     return names.get(id(a), "ptr")
@@ -69,6 +71,7 @@ class _FakeLaunch:
         self.rec = dict(family=kernel.family, variant=kernel.name, grid=list(grid), block=list(block),
                         smem=int(smem), pdl=bool(pdl))
         self.slots = [_rec_label(a, _FakeLaunch.names) for a in args]
+        self.maps = {i: a for i, a in enumerate(args) if isinstance(a, launch.TensorMap)}
         self.stream = stream
 
     def fire(self):
@@ -88,31 +91,38 @@ def _replay_case(arch, sms, K, N, G, dtype, M, bi, workspaces):
         pc = launch.prepare_gemm(w, M, dtype, arch, sms, stream=7, batch_invariant=bi)
     assert pc.path is path and all(lc.stream == 7 for lc in pc.launches)
     pc.run("x", "y", 0)                 # patches the labelled slots where the call's pointers go
+    for lc in pc.launches:              # a tensor map is labelled by its sizes and what it was pointed at
+        for i, m in lc.maps.items():
+            lc.slots[i] += f"@{m.ptr}"
     Np = w.NT * 64
     for lc in pc.launches:   # arguments added after the record: the GEMMs' column base and workspace row, the
-        if lc.rec["variant"].startswith(("awq_gemm_sw_kernel", "awq_gemm_wg_kernel")):   # reduce's first column
-            assert lc.slots[-2:] == ["int32:0", f"int32:{Np}"], lc.slots
-            del lc.slots[-2:]
+        if lc.rec["variant"].startswith(("awq_gemm_sw_kernel", "awq_gemm_wg_kernel", "awq_gemm_wg_tma_kernel")):
+            tail = lc.slots[-1:] if lc.maps else []      # (the tensor map, checked by _without_tile_pass)
+            assert lc.slots[-2 - len(tail):len(lc.slots) - len(tail)] == ["int32:0", f"int32:{Np}"], lc.slots
+            del lc.slots[-2 - len(tail):len(lc.slots) - len(tail)]
         elif lc.rec["variant"].startswith("awq_splitk_reduce_kernel"):
             assert lc.slots[-1] == "int32:0", lc.slots
             del lc.slots[-1]
     got = dict(path=path.value, launches=[dict(lc.rec, args=lc.slots) for lc in pc.launches])
     variant = pc.plan.variant(dtype) if path is plans.Path.GEMM and pc.plan.wgmma else None
-    return got, (variant if variant is not None and variant.producers else None)
+    return got, (variant if variant is not None and (variant.producers or variant.tma) else None)
 
 
-def _without_tile_pass(case: dict, variant) -> dict:
-    """A recorded wgmma GEMM case as it is launched where the kernel copies x itself (``variant``, a
-    kernels.WgmmaVariant with producers): no x tile pass, that variant with x itself as its first argument and the
-    producer warps in its block; everything else as recorded."""
+def _without_tile_pass(case: dict, variant, M: int, K: int) -> dict:
+    """A recorded wgmma GEMM case as it is launched where the kernel takes x without the x tile pass (``variant``,
+    a kernels.WgmmaVariant with producers or a tensor map): no x tile pass, and that variant with, for producers, x
+    itself as its first argument and the producer warps in its block, for a tensor map, a null first argument and
+    the map of x [M, K] last; everything else as recorded."""
     launches = []
     for lc in case["launches"]:
         if lc["variant"].startswith("awq_tile_x_kernel"):
             continue
         if lc["variant"].startswith("awq_gemm_wg_kernel"):
             assert lc["args"][0] == "ws:x_tiles", lc
-            assert lc["variant"] == dataclasses.replace(variant, producers=False).expr, (lc, variant)
-            lc = dict(lc, variant=variant.expr, block=[variant.threads], args=["x"] + lc["args"][1:])
+            assert lc["variant"] == dataclasses.replace(variant, producers=False, tma=False).expr, (lc, variant)
+            args = (["x"] + lc["args"][1:] if variant.producers
+                    else ["uint64:0"] + lc["args"][1:] + [f"tensor_map:{M}x{K}@x"])
+            lc = dict(lc, variant=variant.expr, block=[variant.threads], args=args)
         launches.append(lc)
     assert len(launches) == len(case["launches"]) - 1, case
     return dict(case, launches=launches)
@@ -136,15 +146,16 @@ def _fake_launch_layer(monkeypatch):
     return workspaces
 
 
-@pytest.mark.parametrize("x_producers", [False, True])
-def test_launches_equal_the_uncached_implementations(monkeypatch, x_producers):
+@pytest.mark.parametrize("x_producers,x_tma", [(False, False), (True, False), (False, True)])
+def test_launches_equal_the_uncached_implementations(monkeypatch, x_producers, x_tma):
     """Over 2288 cases (11 layer shapes with group sizes 128, 64, 32 and one group; M = 1 to 4096 across every
     dispatch boundary; fp16 and bf16; batch-invariant or not; sm_90 and sm_80) the path, and every launch's kernel
     (family, including the shape-compiled GEMVs), grid, block, shared memory, PDL attribute and arguments in
     order, equal what the ops.py of 8c7ed94 launched (recorded by the script
     ``git show 8c7ed94:bench/record_plans.py``, with the same fake kernels), but for the wgmma variants that copy x
-    themselves, which launch without the x tile pass (``_without_tile_pass``): with plans.X_PRODUCERS off (none
-    planned) and on (planned for every 128- and 256-token tile at the default PEND)."""
+    themselves or read it through a tensor map, which launch without the x tile pass (``_without_tile_pass``): with
+    plans.X_PRODUCERS and plans.X_TMA off (neither planned), producers on (planned for every 128- and 256-token tile
+    at the default PEND) and tensor maps on (planned for those tiles where plans.x_by_tensor_map says so)."""
     recorded = json.load(gzip.open(HERE / "data" / "launch_plans_8c7ed94.json.gz"))["cases"]
     monkeypatch.delenv("AWQ_CUPY_GEMV_SHAPES", raising=False)
     monkeypatch.delenv("AWQ_CUPY_PDL", raising=False)
@@ -152,6 +163,8 @@ def test_launches_equal_the_uncached_implementations(monkeypatch, x_producers):
     monkeypatch.setattr(plans, "_TAIL_GAIN", 0.0)   # the record predates tail launches (tests/test_dispatch.py)
     monkeypatch.setattr(plans, "_KSPLIT_FOUR_MIN_NB", 10**9)   # and two K streams in place of four splits
     monkeypatch.setattr(plans, "X_PRODUCERS", x_producers)
+    monkeypatch.setattr(plans, "X_TMA", x_tma)
+    monkeypatch.setattr(launch.TensorMap, "point", lambda m, ptr: setattr(m, "ptr", ptr))   # x is a label here
     workspaces = _fake_launch_layer(monkeypatch)     # (its settings.reload() reads the environment above)
     seen = producers = 0
     for arch_key, sms in REC_ARCHS:
@@ -166,12 +179,12 @@ def test_launches_equal_the_uncached_implementations(monkeypatch, x_producers):
                         got, producer_variant = _replay_case(arch, sms, K, N, G, dtype, M, bi, workspaces)
                         want = recorded[key]
                         if producer_variant is not None:
-                            want = _without_tile_pass(want, producer_variant)
+                            want = _without_tile_pass(want, producer_variant, M, K)
                             producers += 1
                         assert got == want, key
                         seen += 1
     assert seen == len(recorded) == 2288
-    assert (producers > 0) == x_producers   # the producer variants' cases were compared where planned
+    assert (producers > 0) == (x_producers or x_tma)   # those variants' cases were compared where planned
 
 
 def test_prepared_call_hands_the_driver_its_config_and_patched_parameters(monkeypatch):
@@ -223,6 +236,56 @@ def test_prepared_call_hands_the_driver_its_config_and_patched_parameters(monkey
         pc.run(1, 2)
     with pytest.raises(TypeError, match="numpy scalar"):
         driver.Launch(k, (1,), (32,), (5,))
+
+
+def test_tensor_map_argument_is_passed_from_its_buffer_and_encoded_per_x(monkeypatch):
+    """driver.TensorMap on the CPU: its sizes are checked when made (no driver call until the first point()); in a
+    Launch its parameter points at the map's own 64-byte aligned 128 bytes; a PreparedCall encodes it for x (plus
+    the part's row offset) on each run, once per new address, and refuses a misaligned one; encoding errors name the
+    map and the driver call."""
+    import ctypes
+
+    from awq_cupy import driver
+
+    with pytest.raises(ValueError, match="1..2"):
+        driver.TensorMap(0, 64, 128, 64)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        driver.TensorMap(10, 4100, 128, 64)
+    with pytest.raises(ValueError, match="64 columns"):
+        driver.TensorMap(10, 4096, 128, 32)
+    with pytest.raises(ValueError, match="1..256 rows"):
+        driver.TensorMap(10, 4096, 512, 64)
+    m = driver.TensorMap(300, 4096, 256, 64)
+    assert m.address % 64 == 0 and m.ptr is None
+    encoded = []
+    m._call = lambda ptr: encoded.append(ptr) or 0
+
+    seen = []
+
+    def fake_launch(cfg, func, params, extra):
+        p = (ctypes.c_void_p * 3).from_address(params)
+        seen.append((ctypes.c_uint64.from_address(p[0]).value, p[2]))
+        return 0
+
+    monkeypatch.setattr(driver, "cuda_driver", lambda: None)
+    monkeypatch.setattr(driver, "_launch_fn", fake_launch)
+    k = types.SimpleNamespace(name="awq_probe", func_ptr=1, ensure_dynamic_smem=lambda smem: None)
+    one = driver.Launch(k, (1,), (32,), (launch.NULL, launch.NULL, m))
+    assert one.maps == {2: m}
+    pc = launch.PreparedCall(plans.Path.GEMM, None, (one,), x_slots=((0, 2, 4096 * 2 * 7),), y_slots=((0, 1),),
+                             b_slots=((0, 0),))
+    pc.run(0xA000, 0xB000)
+    pc.run(0xA000, 0xB100)
+    pc.run(0xC000, 0xB100)
+    assert encoded == [0xA000 + 4096 * 2 * 7, 0xC000 + 4096 * 2 * 7]   # once per x, at the part's offset
+    assert seen == [(0, m.address)] * 3   # the map's parameter is its own buffer; x went to no slot
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        m.point(0xC008)
+    m._call = lambda ptr: 701
+    monkeypatch.setattr(driver, "_libcuda", types.SimpleNamespace(cuGetErrorName=lambda err, ref: 0))
+    with pytest.raises(RuntimeError, match="cuTensorMapEncodeTiled failed for a 300 x 4096 tensor map"):
+        m.point(0xD000)
+    assert m.ptr is None   # a failed encode leaves the map unpointed: the next run encodes again
 
 
 def test_row_split_runs_whole_tiles_then_the_rest_at_their_offsets(monkeypatch):

@@ -161,3 +161,47 @@ def test_gemv_operands_multiply_to_x_at_q(rng):
                 assert (A >= 0).all() and not (B == -1).all(axis=0).any()
                 yT[16 * t:16 * t + 16] += A @ B
     np.testing.assert_array_equal(yT, (x @ Q.astype(np.int64)).T)
+
+
+def _natural_half(w0, w1, lane):
+    """numpy model of kernels_cu/gemm_wg.cu awq_wg::natural_half on a quad's words (arrays over lanes), with the
+    kernel's shuffles as gathers from lane ^ 2 and lane ^ 1."""
+    b = (lane & 2) != 0
+    send = np.where(b, w0, w1)
+    recv = send[lane ^ 2]
+    a0, a1 = np.where(b, recv, w0), np.where(b, w1, recv)
+    c = (lane & 1).astype(np.uint32)
+    s0, s1 = np.uint32(4) - 4 * c, 4 * c
+    lo = np.uint32(0x0F0F0F0F)
+    keep = np.where(c == 1, ~lo, lo).astype(np.uint32)
+    pack = ((a0 >> s0) & lo) | ((a1 << s1) & ~lo)
+    r = pack[lane ^ 1]
+    return (a0 & keep) | ((r << s0) & ~keep), (a1 & keep) | ((r >> s1) & ~keep)
+
+
+def test_natural_k_reorder_gives_each_step_its_natural_k():
+    """The tensor-map GEMM reads x tiles in natural k order, so each warp reorders its weight words first
+    (awq_wg::natural_k: one word exchanged with lane ^ 2, packed nibbles with lane ^ 1, per 32-k half). Modelled
+    in numpy on random codes: afterwards word t of lane (c, r) holds, in nibble slot REV[4 h + 2 f + e], the code
+    of channel c + 8 h at k = 16 t + 2 r + 8 f + e, the operand of wgmma k16 step t against x's own k order."""
+    rng = np.random.default_rng(5)
+    Q = rng.integers(0, 16, size=(128, 64), dtype=np.uint8)   # whole 64 x 64 tiles: no padding
+    qt = layout.pack_tiles(Q)                                  # [NT16, KS, 32, 4]
+    lane = np.arange(32)
+    w = qt.copy()
+    for t16 in range(qt.shape[0]):
+        for ks in range(qt.shape[1]):
+            for h in range(2):
+                w[t16, ks, :, 2 * h], w[t16, ks, :, 2 * h + 1] = _natural_half(qt[t16, ks, :, 2 * h],
+                                                                            qt[t16, ks, :, 2 * h + 1], lane)
+    for t16 in range(qt.shape[0]):
+        for ks in range(qt.shape[1]):
+            for l in range(32):
+                c, r = l // 4, l % 4
+                for t in range(4):
+                    for v in range(8):
+                        hh, f, e = v >> 2, (v >> 1) & 1, v & 1
+                        code = (int(w[t16, ks, l, t]) >> (4 * int(layout.REV[v]))) & 0xF
+                        want = Q[64 * ks + 16 * t + 2 * r + 8 * f + e, 16 * t16 + c + 8 * hh]
+                        assert code == want, (t16, ks, l, t, v)
+    assert not np.array_equal(w, qt)   # the layout's own order differs: the reorder is not the identity

@@ -460,10 +460,10 @@ def test_gemv_compiled_for_the_launch_shape(rng, K, N, G, kind, monkeypatch):
 # The swapped GEMM (M > 12): every variant, forced split counts, awkward shapes
 # ---------------------------------------------------------------------------------------------------------------
 def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False, pend=None, reduce_cols=None, ksplit=1, tail=None,
-          token_tile=None, producers=None):
+          token_tile=None, producers=None, tma=None):
     """Run the GEMM (the wgmma or the mma.sync kernel) with ``tiles`` column blocks per warp (and ``splits``, the
     wgmma kernel's ``pend``, the split-K reduce kernel's columns per thread, a forced ``tail`` launch, a forced
-    ``token_tile``)."""
+    ``token_tile``, its x producers or tensor-map variant forced on or off)."""
     from awq_cupy import launch
     from awq_cupy.jit import arch_of_device
 
@@ -473,7 +473,7 @@ def _gemm(x, w, tiles, splits=None, bias=None, wgmma=False, pend=None, reduce_co
     b = cp.asarray(bias) if bias is not None else launch.NULL
     launch.run_gemm(xg, w, b, y, M, w.dtype, arch_of_device(w.device), launch.sm_count(w.device), False,
                      tiles=tiles, splits=splits, wgmma=wgmma, pend=pend, reduce_cols=reduce_cols, ksplit=ksplit,
-                     tail=tail, token_tile=token_tile, producers=producers)
+                     tail=tail, token_tile=token_tile, producers=producers, tma=tma)
     return y.get()
 
 
@@ -526,9 +526,11 @@ def test_gemm_variants_against_reference(rng, path, shape, K, N, G, kind):
 # of the 128-column tile (the tail's last tile has 8 columns), G = 128 with a tail of a few tiles
 @pytest.mark.parametrize("K,N,G", [(2056, 18824, -1), (1024, 17416, 128)])
 @pytest.mark.parametrize("kind", ["float16", "bfloat16"])
-def test_gemm_tail_launch_against_reference(rng, K, N, G, kind):
+@pytest.mark.parametrize("tma", [False, True])
+def test_gemm_tail_launch_against_reference(rng, K, N, G, kind, tma):
     """The wgmma GEMM as whole waves of unsplit column tiles plus a split tail launch (plans.TailSplit): against
-    the reference with and without bias, and the unsplit columns bitwise those of the one-launch plan."""
+    the reference with and without bias, and the unsplit columns bitwise those of the one-launch plan; after the x
+    tile pass and with x through a tensor map (both launches reading x by one map)."""
     from awq_cupy import launch, plans
     from awq_cupy.jit import arch_of_device
 
@@ -540,16 +542,19 @@ def test_gemm_tail_launch_against_reference(rng, K, N, G, kind):
     bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
     arch, sms = arch_of_device(w.device), launch.sm_count(w.device)
     for M in (257, 300, 512):
-        p = plans.plan_gemm_launch(M, K, N, G, kind, arch, sms, launch._resident(w.device), wgmma=True, tail=True)
-        q = plans.plan_gemm_launch(M, K, N, G, kind, arch, sms, launch._resident(w.device), wgmma=True, tail=False)
+        p = plans.plan_gemm_launch(M, K, N, G, kind, arch, sms, launch._resident(w.device), wgmma=True, tail=True,
+                                   tma=tma)
+        q = plans.plan_gemm_launch(M, K, N, G, kind, arch, sms, launch._resident(w.device), wgmma=True, tail=False,
+                                   tma=tma)
         assert p.tail is not None and p.tail.splits >= 2 and q.splits == 1, (p, q)
+        assert p.tma == q.tma == tma, (p, q)
         x = random_x(rng, M, K, kind)
         for b in (None, bias):
             what = f"tail {K}x{N} G={G} M={M} bias={b is not None} {kind} {p}"
-            y = _gemm(x, w, None, None, b, True, tail=True)
+            y = _gemm(x, w, None, None, b, True, tail=True, tma=tma)
             assert_matmul_close(y, x, W64, kind, bias=b, what=what)
             n0 = 16 * p.tail_block0
-            one = _gemm(x, w, None, None, b, True, tail=False)
+            one = _gemm(x, w, None, None, b, True, tail=False, tma=tma)
             np.testing.assert_array_equal(y[:, :n0].view(np.uint16), one[:, :n0].view(np.uint16), err_msg=what)
 
 
@@ -664,6 +669,40 @@ def test_wgmma_x_producers_give_the_tile_pass_bits(rng):
                 b = _gemm(x, w, producers=False, **run)
                 np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=what)
                 assert_matmul_close(a, x, W64, kind, bias=bias, what=what)
+
+
+def test_wgmma_tensor_map_variants_against_reference(rng):
+    """The variants that read x through a tensor map (kernels.WgmmaVariant.tma: zeros past M and K from the copy
+    itself, weight words put in x's k order per quad): every such shape and PEND, one and two K streams, split K, K
+    not a multiple of 64, groups of whole units, of one unit and a half (G % 64 == 32) and one group, a last token
+    tile of 5 rows and of 1 row, M of 3 rows, a bias, fp16 and bf16; close to the reference and bitwise the same
+    run to run."""
+    from awq_cupy.kernels import GEMM_WG_TMA_SHAPES, gemm_wg_pends
+
+    if not _has_wgmma():
+        pytest.skip("the wgmma GEMM needs compute capability 9.0")
+    for K, N, G, kind in ((1000, 200, -1, "float16"), (4096, 1032, 128, "bfloat16"), (768, 96, 96, "float16"),
+                          (2112, 264, 64, "bfloat16")):
+        Q, Z, S, G = random_layer(rng, K, N, G)
+        w = _weight(Q, Z, S, G, kind)
+        W64 = kernel_weight(Q, Z, S, G, kind)
+        bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
+        for shape in GEMM_WG_TMA_SHAPES:
+            nb, tw, _ = shape
+            tile = 8 * nb
+            for pend in gemm_wg_pends(shape):
+                for M, splits, ksplit in ((tile + 5, None, 1), (3, 1, 1), (tile - 1, min(3, w.KS), 1),
+                                          (tile + 1, 1, 2), (2 * tile, min(3, w.KS), 2), (2 * tile + 1, 2, 1)):
+                    if pend is not None and ksplit == 2:
+                        continue
+                    x = random_x(rng, M, K, kind)
+                    run = dict(tiles=tw, splits=splits, bias=bias, wgmma=True, ksplit=ksplit, token_tile=tile,
+                               pend=pend)
+                    what = f"{shape} PEND={pend} {K}x{N} G={G} M={M} splits={splits} ksplit={ksplit} {kind}"
+                    a = _gemm(x, w, tma=True, **run)
+                    assert_matmul_close(a, x, W64, kind, bias=bias, what=what)
+                    c = _gemm(x, w, tma=True, **run)
+                    np.testing.assert_array_equal(a.view(np.uint16), c.view(np.uint16), err_msg=f"run to run {what}")
 
 
 def test_wgmma_two_k_streams_against_reference(rng):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of steps, in order: bash bench/device/run.sh decode same_bits gpu_tests sanitize probes examples bench_quick
-# (also: host_tests, bench_peer, bench_full, producers_ab, signal_ab)
+# (also: host_tests, bench_peer, bench_full, producers_ab, signal_ab, tma_ab)
 # Logs under $OUT; a short summary at the end. same_bits needs the tree to compare against in .old/ (carry it).
 # gpu_tests runs PYTEST_PATHS (default: tests) with PYTEST_ARGS.
 # Wheels in .whl/ (carry it) are installed for the run: the peers of bench_peer (humming-kernels).
@@ -88,6 +88,16 @@ for step in "$@"; do
                    signal /tmp/sigab plan wait:signal=0) > "$OUT/ab_signal.txt" 2>&1 || rc=1
                  cat "$OUT/pass_bw_main.txt" "$OUT/pass_bw_signal.txt" "$OUT/ab_main.txt" "$OUT/ab_signal.txt"
                  tail -2 "$OUT/pytest_signal.log" ;;
+    tma_ab) rc=0   # the tensor-map variants (no x tile pass): their GPU tests, then A/B against the tile pass on both
+              # models (AB_MISTRAL, AB_LLAMA: ab_gemm.py cases)
+            python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_ops_gpu.py -k "tensor_map or tail_launch" \
+              > "$OUT/pytest_tma.log" 2>&1 || rc=1
+            tail -3 "$OUT/pytest_tma.log"
+            AB_CASES=${AB_MISTRAL:-o:128:256:1024:4096,qkv:256:512:1024:4096,gate_up:256:1024:4096,down:256:512:1024:4096} \
+              timeout 200 python3 bench/sweeps/ab_gemm.py mistral plan:tma=0 tma:tma=1 > "$OUT/ab_tma_mistral.txt" 2>&1 || rc=1
+            AB_MODEL=llama-2-70b AB_CASES=${AB_LLAMA:-qkv:256:1024:4096,o:256:1024:4096,gate_up:256:4096,down:256:1024:4096} \
+              timeout 200 python3 bench/sweeps/ab_gemm.py llama plan:tma=0 tma:tma=1 > "$OUT/ab_tma_llama.txt" 2>&1 || rc=1
+            cat "$OUT/ab_tma_mistral.txt" "$OUT/ab_tma_llama.txt" ;;
     bench_full) python3 -m awq_cupy bench --json "$OUT/bench_full.json" --plot "$OUT/bench_full.png" > "$OUT/bench_full.log" 2>&1; rc=$?
                 grep -A60 "^sum over" "$OUT/bench_full.log" | head -60 ;;
     *) echo "unknown step $step"; rc=2 ;;

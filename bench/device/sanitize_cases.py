@@ -54,16 +54,17 @@ for K, N, G, kinds in [(24, 8, -1, ("float16", "bfloat16")), (96, 72, 32, ("floa
                 for nb, tw, depth in (GEMM_WG_SHAPES if wg else GEMM_SHAPES):  # every GEMM variant of M's tile
                     if plans.gemm_token_tile(M, wg) == 8 * nb:
                         pends = kernels.gemm_wg_pends((nb, tw, depth)) if wg else (None,)
-                        for splits, pend in itertools.product((1, min(3, w.KS)), pends):
+                        tmas = (False, True) if wg and kernels.has_tma((nb, tw, depth)) else (None,)
+                        for splits, pend, xt in itertools.product((1, min(3, w.KS)), pends, tmas):
                             y = cp.empty((M, N), dtype=x.dtype)
                             launch.run_gemm(x, w, bias, y, M, kind, arch_of_device(w.device),
                                              launch.sm_count(w.device), False, tiles=tw, splits=splits, wgmma=wg,
-                                             depth=depth, pend=pend)
+                                             depth=depth, pend=pend, tma=xt)
             if plans.gemm_token_tile(M, True) >= 128 and plans.has_wgmma(arch_of_device(w.device)):   # 2 K streams
-                for splits in (1, min(3, w.KS)):
+                for splits, xt in itertools.product((1, min(3, w.KS)), (False, True)):
                     y = cp.empty((M, N), dtype=x.dtype)
                     launch.run_gemm(x, w, bias, y, M, kind, arch_of_device(w.device), launch.sm_count(w.device),
-                                     False, splits=splits, wgmma=True, ksplit=2)
+                                     False, splits=splits, wgmma=True, ksplit=2, tma=xt)
             for cols in kernels.REDUCE_COLUMNS if M > 8 else ():   # the split-K reduce's 2, 4, 8 columns per thread
                 y = cp.empty((M, N), dtype=x.dtype)
                 launch.run_gemm(x, w, bias, y, M, kind, arch_of_device(w.device), launch.sm_count(w.device), False,
@@ -80,9 +81,10 @@ if plans.has_wgmma(arch_of_device(0)):
             bias = cp.asarray(rng.standard_normal(N).astype(np.float32).astype(dt))
             for M in (257, 300):
                 x = cp.asarray(rng.standard_normal((M, K)).astype(np.float32).astype(dt))
-                y = cp.empty((M, N), dtype=x.dtype)
-                launch.run_gemm(x, w, bias, y, M, kind, arch_of_device(w.device), launch.sm_count(w.device), False,
-                                 wgmma=True, tail=True)
+                for xt in (False, True):   # after the x tile pass, and x through a tensor map
+                    y = cp.empty((M, N), dtype=x.dtype)
+                    launch.run_gemm(x, w, bias, y, M, kind, arch_of_device(w.device), launch.sm_count(w.device),
+                                     False, wgmma=True, tail=True, tma=xt)
 # Every wgmma GEMM shape over three token tiles, the last 5 rows (its token tile forced), and matmul's row split
 # (plans.RowSplit: whole 256-token tiles, then the rest as its own call: the GEMV for 1 and 8 rows, a 64-token tile
 # for 44), N % 16 = 8, with a bias
@@ -97,8 +99,9 @@ if plans.has_wgmma(arch_of_device(0)):
                 M = 16 * nb + 5
                 x = cp.asarray(rng.standard_normal((M, K)).astype(np.float32).astype(dt))
                 y = cp.empty((M, N), dtype=x.dtype)
-                launch.run_gemm(x, w, bias, y, M, kind, arch_of_device(w.device), launch.sm_count(w.device), False,
-                                 tiles=tw, depth=depth, wgmma=True, token_tile=8 * nb)
+                for xt in (False, True) if kernels.has_tma((nb, tw, depth)) else (None,):
+                    launch.run_gemm(x, w, bias, y, M, kind, arch_of_device(w.device), launch.sm_count(w.device),
+                                     False, tiles=tw, depth=depth, wgmma=True, token_tile=8 * nb, tma=xt)
                 # the x-producer variants (off in the plans), one and two K streams, split and not
                 xp_runs = itertools.product((1, 2), (1, 3)) if kernels.has_producers((nb, tw, depth)) else ()
                 for ksplit, splits in xp_runs:

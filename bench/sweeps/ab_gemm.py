@@ -1,10 +1,10 @@
 """A/B timing of the GEMM on a few Mistral-7B cases, timed like `python -m awq_cupy bench`. Usage:
-    [AB_CASES=o:64,gate_up:64:256] python3 bench/sweeps/ab_gemm.py LABEL [PKG_DIR] RUN...
+    [AB_CASES=o:64,gate_up:64:256] [AB_MODEL=llama-2-70b] python3 bench/sweeps/ab_gemm.py LABEL [PKG_DIR] RUN...
 RUN is "name" or "name:key=value,...": splits, tiles, depth, pend, reduce_cols, ksplit, producers are
 launch.run_gemm arguments (a depth outside the shape table is added to it; pend is the wgmma kernel's PEND
 template argument, any of 1..3 here; reduce_cols the split-K reduce kernel's columns per thread, 2, 4 or 8;
 ksplit=2 two K streams per CTA; producers=0 or 1 the 128- and 256-token tiles' variant without or with x producer
-warps);
+warps; tma=0 or 1 their variant with the x tile pass or reading x through a tensor map);
 tile=T makes every M take the token tile T (plans.gemm_token_tile patched); notilex=1 skips the x tile pass (timing
 only: the GEMM reads the tiles an earlier run of the case left, so put it after a normal run). The gemm_wg family is
 narrowed to the variants the runs need, so it compiles in seconds.
@@ -85,11 +85,14 @@ for _, kw in runs:
     for M in sorted({m for ms in CASES.values() for m in ms}):
         nb, tw, depth = plans.gemm_shape_for(M, kw.get("tiles"), wgmma=True, depth=kw.get("depth"))
         xps = (False, True) if kernels.has_producers((nb, tw, depth)) else (False,)
+        tmas = (False, True) if getattr(kernels, "has_tma", lambda s: False)((nb, tw, depth)) else (False,)
         for pend in {kw.get("pend")} | set(kernels.gemm_wg_pends((nb, tw, depth))):
-            for xp in xps if pend is None else (False,):
-                needed.add(kernels.WgmmaVariant("float16", nb, tw, depth, True, pend, kw.get("ksplit", 1), xp))
+            for xp, xt in ([(x, False) for x in xps] + [(False, True)] * (True in tmas)) if pend is None else \
+                    [(False, x) for x in tmas]:
+                more = {"tma": True} if xt else {}
+                needed.add(kernels.WgmmaVariant("float16", nb, tw, depth, True, pend, kw.get("ksplit", 1), xp, **more))
                 if "ksplit" not in kw and "pend" not in kw and (nb, tw, depth) in kernels.GEMM_WG_KSPLIT_SHAPES:
-                    needed.add(kernels.WgmmaVariant("float16", nb, tw, depth, True, None, 2, xp))   # the planner's
+                    needed.add(kernels.WgmmaVariant("float16", nb, tw, depth, True, None, 2, xp, **more))
 defines = tuple(tuple(d.split("=", 1)) for d in os.environ.get("AB_DEFINES", "").split(",") if d)
 fam = dataclasses.replace(kernels.GEMM_WG, variants=lambda arch: tuple(sorted(needed, key=lambda v: v.expr)),
                           defines=defines, asserts=None)
@@ -99,7 +102,7 @@ arch = arch_of_device(0)
 sms = launch.sm_count(0)
 timer = Timer()
 rng = np.random.default_rng(0)
-for name, K, N in MODELS["mistral-7b"]:
+for name, K, N in MODELS[os.environ.get("AB_MODEL", "mistral-7b")]:
     if name not in CASES:
         continue
     wq = rotated_weights(rng, K, N, 128)
