@@ -220,6 +220,10 @@ X_PRODUCERS = False
 # N (x_by_tensor_map).
 X_TMA = True
 X_TMA_MAX_N = 16384
+# The fused GEMM's modelled unit time where it reads x through a tensor map, relative to the dispatch row's (fitted
+# with the x tile pass): the mean ratio over the layers with N <= 16384 at M = 1024 and 4096 (H100 A/B, 0.91-0.98;
+# docs/design.md §Dispatch).
+_TMA_UNIT_SCALE = 0.95
 
 
 def x_by_tensor_map(N: int) -> bool:
@@ -342,7 +346,7 @@ def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> boo
     the cheaper of that and the row split's two calls (the whole tiles, then the rest on its own token tile, at the
     row's unit time scaled as ``_unit_us`` scales it), as ``row_split`` may run them. Dequantize + cuBLAS costs
     K x N x 2.5 bytes (int4 in, fp16 out) at ``dequant_tbps`` plus 2 M K N flops at ``cublas_tflops``."""
-    from .kernels import GEMM_WARPS
+    from .kernels import GEMM_WARPS, has_tma
     from .layout import padded_sizes
 
     row = dispatch.for_arch(arch.key)
@@ -353,8 +357,10 @@ def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> boo
     Kp, Np = padded_sizes(K, N)
 
     def fused(m: int) -> float:   # the one-launch plan, or whole waves and a split tail where that is planned
-        nb, tw, _ = gemm_shape_for(m, wgmma=True)
+        nb, tw, depth = gemm_shape_for(m, wgmma=True)
         unit = row.fused_unit_us * _unit_us(nb, tw, True) / _unit_us(32, 1, True)
+        if has_tma((nb, tw, depth)) and x_by_tensor_map(N):   # no x tile pass
+            unit *= _TMA_UNIT_SCALE
         kw = dict(resident=sm_count, M=m, Np=Np, stage_us=unit, min_per=2, per_sm=1, share=_WG_SHARE)
         grid = (Kp // 64, -(-(Np // 16) // (GEMM_WARPS * tw)), -(-m // (8 * nb)))
         t = split_cost(*grid, **kw)[0]

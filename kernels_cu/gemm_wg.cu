@@ -602,9 +602,11 @@ __global__ void __launch_bounds__(awq_wg::cta_threads<XP>(), 1) awq_gemm_wg_kern
 }
 
 // x straight from [M, K] (xt unused) by xmap, which awq_cupy.driver.TensorMap encodes on the host: rows of K
-// 2-byte elements, box 64 x BM, the 128-byte swizzle, zeros outside. No x tile pass runs before it.
+// 2-byte elements, box 64 x BM, the 128-byte swizzle, zeros outside. No x tile pass runs before it. The GA PEND = 2
+// variant is held to 128 registers (two CTAs per SM, as with the pass); the reorder's registers push the others past
+// it, and ptxas fits them there only by spilling.
 template <typename T, int NB, int TW, int P, bool GA, int PEND = (NB >= 16 ? 3 : 1), int KW = 1>
-__global__ void __launch_bounds__(awq_wg::THREADS, 1)
+__global__ void __launch_bounds__(awq_wg::THREADS, GA && PEND == 2 ? 2 : 1)
     awq_gemm_wg_tma_kernel(AWQ_GEMM_WG_PARAMS, const __grid_constant__ TensorMap xmap) {
   awq_gemm_wg_body<T, NB, TW, P, GA, PEND, KW, false, true>(AWQ_GEMM_WG_ARGS, &xmap);
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of steps, in order: bash bench/device/run.sh decode same_bits gpu_tests sanitize probes examples bench_quick
-# (also: host_tests, bench_peer, bench_full, producers_ab, signal_ab, tma_ab)
+# (also: host_tests, bench_peer, bench_full, producers_ab, signal_ab, tma_ab, tma_check)
 # Logs under $OUT; a short summary at the end. same_bits needs the tree to compare against in .old/ (carry it).
 # gpu_tests runs PYTEST_PATHS (default: tests) with PYTEST_ARGS.
 # Wheels in .whl/ (carry it) are installed for the run: the peers of bench_peer (humming-kernels).
@@ -98,6 +98,11 @@ for step in "$@"; do
             AB_MODEL=llama-2-70b AB_CASES=${AB_LLAMA:-qkv:256:1024:4096,o:256:1024:4096,gate_up:256:4096,down:256:1024:4096} \
               timeout 200 python3 bench/sweeps/ab_gemm.py llama plan:tma=0 tma:tma=1 > "$OUT/ab_tma_llama.txt" 2>&1 || rc=1
             cat "$OUT/ab_tma_mistral.txt" "$OUT/ab_tma_llama.txt" ;;
+    tma_check) rc=0   # the tensor-map variants below 256 rows (A/B, AB_SMALL: ab_gemm.py cases) and their host cost
+               AB_CASES=${AB_SMALL:-qkv:128:192,o:192,down:128:192,gate_up:128} timeout 150 python3 \
+                 bench/sweeps/ab_gemm.py small plan:tma=0 tma:tma=1 > "$OUT/ab_tma_small.txt" 2>&1 || rc=1
+               timeout 60 python3 bench/probes/host_tma.py > "$OUT/host_tma.txt" 2>&1 || rc=1
+               cat "$OUT/ab_tma_small.txt" "$OUT/host_tma.txt" ;;
     bench_full) python3 -m awq_cupy bench --json "$OUT/bench_full.json" --plot "$OUT/bench_full.png" > "$OUT/bench_full.log" 2>&1; rc=$?
                 grep -A60 "^sum over" "$OUT/bench_full.log" | head -60 ;;
     *) echo "unknown step $step"; rc=2 ;;
