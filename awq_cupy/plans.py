@@ -171,7 +171,7 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
     PEND variant where ``wgmma_pend`` does, and the reduce kernel's columns (``reduce_columns``). The other
     arguments force a choice (for tuning and probes); ``tail`` and ``token_tile`` as for ``plan_gemm``;
     ``producers``: the x-producer variant (None: wherever the planned shape and PEND have one, ``X_PRODUCERS``);
-    ``tma``: the tensor-map variant (None: wherever the planned shape has one and no producers run, ``X_TMA``)."""
+    ``tma``: the tensor-map variant (None: where ``x_by_tensor_map`` says so and no producers run)."""
     from .kernels import GemmVariant, WgmmaVariant, has_producers, has_tma
 
     wg = uses_wgmma(arch, None if batch_invariant else M) if wgmma is None else wgmma
@@ -182,7 +182,8 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
     if tma and (not wg or xp or not has_tma((nb, tw, depth))):
         raise ValueError(f"tma=True: the planned GEMM (wgmma={wg}, shape {(nb, tw, depth)}, producers={xp}) has "
                          f"no tensor-map variant")
-    xt = wg and not xp and has_tma((nb, tw, depth)) and (x_by_tensor_map(N) if tma is None else bool(tma))
+    xt = wg and not xp and has_tma((nb, tw, depth)) and (
+        x_by_tensor_map(M, N, 8 * nb, batch_invariant) if tma is None else bool(tma))
 
     def planned(variant, ks) -> GemmPlan:
         res = sm_count if batch_invariant else resident(variant, variant.smem_bytes) * sm_count
@@ -216,8 +217,8 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
 # Whether the wgmma GEMM's 128- and 256-token tiles copy x inside the kernel (producer warps) instead of after an x
 # tile pass: docs/design.md §wgmma GEMM (gemm_wg). Off until measured on the GPU.
 X_PRODUCERS = False
-# Whether they read x through a tensor map (awq_gemm_wg_tma_kernel) instead of after an x tile pass, and up to which
-# N (x_by_tensor_map).
+# Whether the wgmma GEMM may read x through a tensor map (awq_gemm_wg_tma_kernel) instead of after an x tile pass,
+# and up to which N (x_by_tensor_map).
 X_TMA = True
 X_TMA_MAX_N = 16384
 # The fused GEMM's modelled unit time where it reads x through a tensor map, relative to the dispatch row's (fitted
@@ -226,14 +227,18 @@ X_TMA_MAX_N = 16384
 _TMA_UNIT_SCALE = 0.95
 
 
-def x_by_tensor_map(N: int) -> bool:
-    """Whether the wgmma GEMM's 128- and 256-token tiles read x through a tensor map (no x tile pass; the weight
-    words reordered in registers) for N output columns: up to ``X_TMA_MAX_N``. The pass costs M x K x 4 bytes of
-    DRAM traffic once per call, which narrow layers (few column tiles per token tile) pay in full and wide ones
-    spread over many tiles; reading x rows in place costs a few percent per tile on wide layers (docs/design.md
-    §wgmma GEMM (gemm_wg): Llama-2-70B gate_up, N = 57344, lost 4.6% at M = 4096; every layer with N <= 14336
-    gained, 2-9% from M = 256)."""
-    return X_TMA and N <= X_TMA_MAX_N
+def x_by_tensor_map(M: int, N: int, token_tile: int, batch_invariant: bool = False) -> bool:
+    """Whether the wgmma GEMM reads x through a tensor map (no x tile pass; the weight words reordered in
+    registers) for M rows of N output columns on ``token_tile``-row tiles: on 256-token tiles that M fills
+    exactly, N up to ``X_TMA_MAX_N``, never for batch-invariant calls (docs/design.md §wgmma GEMM (gemm_wg), H100
+    A/B). The pass costs M x K x 4 bytes of DRAM traffic once per call, which narrow layers (few column tiles per
+    token tile) pay in full and wide ones spread over many tiles; reading x rows in place cost a few percent per
+    tile on a wide layer (Llama-2-70B gate_up, N = 57344: 4.6% at M = 4096), while every layer with N <= 14336
+    gained 2-9% from M = 256. A token tile that runs past M made the copy much slower (Mistral-7B qkv at M = 192:
+    25.7 -> 40.6 us), and the 128-token tile at M = 128 was level (o gained, qkv and down lost 2-3%). The sums
+    round in another k order than after the pass, so batch-invariant calls, whose rows must not depend on M, keep
+    the pass."""
+    return X_TMA and not batch_invariant and token_tile == 256 and M % 256 == 0 and N <= X_TMA_MAX_N
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -359,7 +364,7 @@ def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> boo
     def fused(m: int) -> float:   # the one-launch plan, or whole waves and a split tail where that is planned
         nb, tw, depth = gemm_shape_for(m, wgmma=True)
         unit = row.fused_unit_us * _unit_us(nb, tw, True) / _unit_us(32, 1, True)
-        if has_tma((nb, tw, depth)) and x_by_tensor_map(N):   # no x tile pass
+        if has_tma((nb, tw, depth)) and x_by_tensor_map(m, N, 8 * nb):   # no x tile pass
             unit *= _TMA_UNIT_SCALE
         kw = dict(resident=sm_count, M=m, Np=Np, stage_us=unit, min_per=2, per_sm=1, share=_WG_SHARE)
         grid = (Kp // 64, -(-(Np // 16) // (GEMM_WARPS * tw)), -(-m // (8 * nb)))

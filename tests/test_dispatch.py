@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from awq_cupy import dispatch, jit, kernels
+from awq_cupy import dispatch, jit, kernels, plans
 from awq_cupy import settings
 from awq_cupy.plans import fastdiv, gemm_shape_for, gemv_dividers, plan_gemm, plan_gemv, plan_splits, rounds_weights, uses_cublas
 from awq_cupy.launch import gemv_args
@@ -1258,3 +1258,26 @@ def test_x_tile_chunks_counts_the_tiles_and_refuses_what_32_bit_indices_cannot_h
         x_tile_chunks(2**26, 2**16, 16)                                # 2^32 pairs
     with pytest.raises(ValueError, match="power of two"):
         x_tile_chunks(100, 64, 24)
+
+
+def test_x_by_tensor_map_where_measured():
+    """The tensor-map GEMM (no x tile pass) is planned on whole 256-token tiles of layers up to X_TMA_MAX_N columns
+    (H100 A/B, docs/design.md §wgmma GEMM (gemm_wg)); not on a partial tile, the 128-token tile, wide layers or
+    batch-invariant calls; plan_gemm_launch takes it there and runs that variant, and tma=True is refused where no
+    variant exists."""
+    from awq_cupy.jit import ARCHS
+
+    arch = ARCHS["90"]
+    assert plans.x_by_tensor_map(256, 6144, 256) and plans.x_by_tensor_map(4096, 16384, 256)
+    assert not plans.x_by_tensor_map(4096, 16392, 256)          # wide: the pass is spread over many tiles
+    assert not plans.x_by_tensor_map(192, 6144, 256)            # the tile runs past M
+    assert not plans.x_by_tensor_map(300, 6144, 256) and not plans.x_by_tensor_map(128, 4096, 128)
+    assert not plans.x_by_tensor_map(512, 4096, 256, batch_invariant=True)
+    res = lambda v, smem: 1   # noqa: E731
+    for M, N, want in ((512, 4096, True), (1024, 28672, False), (192, 4096, False), (64, 4096, False)):
+        p = plans.plan_gemm_launch(M, 4096, N, 128, "float16", arch, 132, res, wgmma=True)
+        assert p.tma == want and p.variant("float16").tma == want, (M, N, p)
+        assert ("awq_gemm_wg_tma_kernel" in p.variant("float16").expr) == want
+    assert not plans.plan_gemm_launch(512, 4096, 4096, 128, "float16", arch, 132, res, batch_invariant=True).tma
+    with pytest.raises(ValueError, match="no tensor-map variant"):
+        plans.plan_gemm_launch(40, 4096, 4096, 128, "float16", arch, 132, res, wgmma=True, tma=True)
