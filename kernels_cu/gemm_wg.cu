@@ -34,7 +34,10 @@
 // Epilogue: the tile (y in T, or the split's fp32 partials) is laid out in the free x slots and leaves in 16-byte
 // chunks of whole rows (awq_wg::store_tile_staged, store_partials_staged): stored from the wgmma layout, a warp's
 // store instruction touches four token rows while the tensor cores idle (docs/design.md §wgmma GEMM (gemm_wg)).
-// Variants: T x (NB, TW, P) x GA (table: awq_cupy/kernels.py GEMM_WG_SHAPES), PEND, KW, XP; awq_tile_x_kernel per T.
+// awq_gemm_wg_tma_kernel (the 128- and 256-token shapes): the same pipeline with each unit's x box copied from
+// x [M, K] itself by a tensor map, in natural k order, and the weight words reordered to match (awq_wg::natural_k).
+// Variants: T x (NB, TW, P) x GA (table: awq_cupy/kernels.py GEMM_WG_SHAPES), PEND, KW, XP, XT; awq_tile_x_kernel
+// per T.
 #include "common.cuh"
 #include "gemm_units.cuh"
 #include "wgmma.cuh"
