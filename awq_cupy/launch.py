@@ -271,14 +271,12 @@ def prepare_gemm(w, M: int, kind: str, arch, sms: int, stream: int, *, batch_inv
     gk = kernel(variant, dev)
 
     def gemm(grid, per, ws, blk_base, ws_ld):
-        if not tile_pass:
-            x_slots.append((len(launches), 18 if xmap is not None else 0))
-        launches.append(Launch(gk, grid, (variant.threads,),
-                               (xin, w.qtiles, w.scales, w.zeros, NULL, NULL, ws, as_i32(M), as_i32(w.N),
-                                as_i32(w.K), as_i32(plan.NT16), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG),
-                                as_i32(Np), as_i32(per), as_i32(blk_base), as_i32(ws_ld))
-                               + ((xmap,) if xmap is not None else ()),
-                               smem=plan.smem, pdl=pdl, stream=stream))
+        args = ((xin, w.qtiles, w.scales, w.zeros, NULL, NULL, ws, as_i32(M), as_i32(w.N), as_i32(w.K),
+                 as_i32(plan.NT16), as_i32(w.KS), as_i32(w.group_size), as_i32(w.NG), as_i32(Np), as_i32(per),
+                 as_i32(blk_base), as_i32(ws_ld)) + ((xmap,) if xmap is not None else ()))
+        if not tile_pass:   # x itself (producers), or the tensor map last
+            x_slots.append((len(launches), len(args) - 1 if xmap is not None else 0))
+        launches.append(Launch(gk, grid, (variant.threads,), args, smem=plan.smem, pdl=pdl, stream=stream))
 
     y_slots, b_slots = [(len(launches), 5)], [(len(launches), 4)]
     gemm(plan.grid, plan.per, ws, 0, Np)
