@@ -114,7 +114,7 @@ class PreparedCall:
         # what run patches: (the launch's slots array, parameter) of the slots written as given, and (slots,
         # parameter, offset) of those written at an offset
         # x given to a tensor-map parameter: (map, offset), encoded for x + offset
-        maps = [getattr(one, "maps", None) or {} for one in self.launches]
+        maps = [one.maps for one in self.launches]
         self._xm = tuple((maps[i][j], o) for i, j, o in self._spec[0] if j in maps[i])
         x_spec = tuple(t for t in self._spec[0] if t[1] not in maps[t[0]])
         self._x, self._y, self._b = (tuple((self.launches[i].slots, j) for i, j, o in sl if not o)

@@ -182,8 +182,7 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
     if tma and (not wg or xp or not has_tma((nb, tw, depth))):
         raise ValueError(f"tma=True: the planned GEMM (wgmma={wg}, shape {(nb, tw, depth)}, producers={xp}) has "
                          f"no tensor-map variant")
-    xt = wg and not xp and has_tma((nb, tw, depth)) and (
-        x_by_tensor_map(M, N, 8 * nb, batch_invariant) if tma is None else bool(tma))
+    xt = wg and not xp and (x_by_tensor_map(M, N, (nb, tw, depth), batch_invariant) if tma is None else bool(tma))
 
     def planned(variant, ks) -> GemmPlan:
         res = sm_count if batch_invariant else resident(variant, variant.smem_bytes) * sm_count
@@ -227,10 +226,10 @@ X_TMA_MAX_N = 16384
 _TMA_UNIT_SCALE = 0.95
 
 
-def x_by_tensor_map(M: int, N: int, token_tile: int, batch_invariant: bool = False) -> bool:
-    """Whether the wgmma GEMM reads x through a tensor map (no x tile pass; the weight words reordered in
-    registers) for M rows of N output columns on ``token_tile``-row tiles: on 256-token tiles that M fills
-    exactly, N up to ``X_TMA_MAX_N``, never for batch-invariant calls (docs/design.md §wgmma GEMM (gemm_wg), H100
+def x_by_tensor_map(M: int, N: int, shape: tuple, batch_invariant: bool = False) -> bool:
+    """Whether the wgmma GEMM of ``shape`` (token blocks, tiles, depth) reads x through a tensor map (no x tile
+    pass; the weight words reordered in registers) for M rows of N output columns: where the shape has that
+    variant, on 256-token tiles that M fills exactly, N up to ``X_TMA_MAX_N``, never for batch-invariant calls (docs/design.md §wgmma GEMM (gemm_wg), H100
     A/B). The pass costs M x K x 4 bytes of DRAM traffic once per call, which narrow layers (few column tiles per
     token tile) pay in full and wide ones spread over many tiles; reading x rows in place cost a few percent per
     tile on a wide layer (Llama-2-70B gate_up, N = 57344: 4.6% at M = 4096), while every layer with N <= 14336
@@ -238,7 +237,10 @@ def x_by_tensor_map(M: int, N: int, token_tile: int, batch_invariant: bool = Fal
     25.7 -> 40.6 us), and the 128-token tile at M = 128 was level (o gained, qkv and down lost 2-3%). The sums
     round in another k order than after the pass, so batch-invariant calls, whose rows must not depend on M, keep
     the pass."""
-    return X_TMA and not batch_invariant and token_tile == 256 and M % 256 == 0 and N <= X_TMA_MAX_N
+    from .kernels import has_tma
+
+    return (X_TMA and not batch_invariant and has_tma(shape) and 8 * shape[0] == 256 and M % 256 == 0
+            and N <= X_TMA_MAX_N)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -351,7 +353,7 @@ def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> boo
     the cheaper of that and the row split's two calls (the whole tiles, then the rest on its own token tile, at the
     row's unit time scaled as ``_unit_us`` scales it), as ``row_split`` may run them. Dequantize + cuBLAS costs
     K x N x 2.5 bytes (int4 in, fp16 out) at ``dequant_tbps`` plus 2 M K N flops at ``cublas_tflops``."""
-    from .kernels import GEMM_WARPS, has_tma
+    from .kernels import GEMM_WARPS
     from .layout import padded_sizes
 
     row = dispatch.for_arch(arch.key)
@@ -364,7 +366,7 @@ def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> boo
     def fused(m: int) -> float:   # the one-launch plan, or whole waves and a split tail where that is planned
         nb, tw, depth = gemm_shape_for(m, wgmma=True)
         unit = row.fused_unit_us * _unit_us(nb, tw, True) / _unit_us(32, 1, True)
-        if has_tma((nb, tw, depth)) and x_by_tensor_map(m, N, 8 * nb):   # no x tile pass
+        if x_by_tensor_map(m, N, (nb, tw, depth)):   # no x tile pass
             unit *= _TMA_UNIT_SCALE
         kw = dict(resident=sm_count, M=m, Np=Np, stage_us=unit, min_per=2, per_sm=1, share=_WG_SHARE)
         grid = (Kp // 64, -(-(Np // 16) // (GEMM_WARPS * tw)), -(-m // (8 * nb)))

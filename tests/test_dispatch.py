@@ -1268,11 +1268,13 @@ def test_x_by_tensor_map_where_measured():
     from awq_cupy.jit import ARCHS
 
     arch = ARCHS["90"]
-    assert plans.x_by_tensor_map(256, 6144, 256) and plans.x_by_tensor_map(4096, 16384, 256)
-    assert not plans.x_by_tensor_map(4096, 16392, 256)          # wide: the pass is spread over many tiles
-    assert not plans.x_by_tensor_map(192, 6144, 256)            # the tile runs past M
-    assert not plans.x_by_tensor_map(300, 6144, 256) and not plans.x_by_tensor_map(128, 4096, 128)
-    assert not plans.x_by_tensor_map(512, 4096, 256, batch_invariant=True)
+    t256, t128, t64 = (32, 1, 4), (16, 1, 4), (8, 1, 6)
+    assert plans.x_by_tensor_map(256, 6144, t256) and plans.x_by_tensor_map(4096, 16384, t256)
+    assert not plans.x_by_tensor_map(4096, 16392, t256)          # wide: the pass is spread over many tiles
+    assert not plans.x_by_tensor_map(192, 6144, t256)            # the tile runs past M
+    assert not plans.x_by_tensor_map(300, 6144, t256) and not plans.x_by_tensor_map(128, 4096, t128)
+    assert not plans.x_by_tensor_map(512, 4096, t256, batch_invariant=True)
+    assert not plans.x_by_tensor_map(512, 4096, t64)             # no tensor-map variant
     res = lambda v, smem: 1   # noqa: E731
     for M, N, want in ((512, 4096, True), (1024, 28672, False), (192, 4096, False), (64, 4096, False)):
         p = plans.plan_gemm_launch(M, 4096, N, 128, "float16", arch, 132, res, wgmma=True)

@@ -84,11 +84,11 @@ for _, kw in runs:
     kw, _ = use_tile(kw)
     for M in sorted({m for ms in CASES.values() for m in ms}):
         nb, tw, depth = plans.gemm_shape_for(M, kw.get("tiles"), wgmma=True, depth=kw.get("depth"))
-        xps = (False, True) if kernels.has_producers((nb, tw, depth)) else (False,)
-        tmas = (False, True) if getattr(kernels, "has_tma", lambda s: False)((nb, tw, depth)) else (False,)
+        # (producers, tma) per PEND: the x producers exist at the default PEND only; an older tree has no tma
+        xp_ok = kernels.has_producers((nb, tw, depth))
+        xt_ok = getattr(kernels, "has_tma", lambda s: False)((nb, tw, depth))
         for pend in {kw.get("pend")} | set(kernels.gemm_wg_pends((nb, tw, depth))):
-            for xp, xt in ([(x, False) for x in xps] + [(False, True)] * (True in tmas)) if pend is None else \
-                    [(False, x) for x in tmas]:
+            for xp, xt in [(False, False)] + [(True, False)] * (xp_ok and pend is None) + [(False, True)] * xt_ok:
                 more = {"tma": True} if xt else {}
                 needed.add(kernels.WgmmaVariant("float16", nb, tw, depth, True, pend, kw.get("ksplit", 1), xp, **more))
                 if "ksplit" not in kw and "pend" not in kw and (nb, tw, depth) in kernels.GEMM_WG_KSPLIT_SHAPES:
