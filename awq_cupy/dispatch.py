@@ -191,11 +191,13 @@ TABLE: dict[str, Dispatch] = {
     # gives its three- and four-token-block variants. The wgmma GEMM from 17: it beats the mma.sync one from the
     # 32-token tile on; the mma.sync one leads only at M <= 16, which the GEMV takes. From M = 768 (the fused GEMM
     # wins on every layer up to 512) the cost model picks per layer shape; its three constants are fitted to the
-    # tune's per-layer times at M >= 768 and pick the faster path wherever the two differ by more than 4%.
-    # dequant_tbps sits below the dequantize kernel's own bandwidth (~3.1 TB/s) because it also stands in for that
-    # path's fixed costs, which the small layers feel: at the kernel's own bandwidth the model sends every layer at
-    # M = 4096 to the fused GEMM, ~4% slower there than dequantize + cuBLAS.
-    "90": Dispatch(gemv_max_m=16, cublas_min_m=768, wgmma_min_m=17, fused_unit_us=0.78, dequant_tbps=2.6,
+    # tune's per-layer times at M >= 768. dequant_tbps sits below the dequantize kernel's own bandwidth (~3.1 TB/s)
+    # because it also stands in for that path's fixed costs, which the small layers feel. fused_unit_us is the
+    # wgmma GEMM's unit time with the x tile pass (plans._TMA_UNIT_SCALE scales it where x comes by tensor map):
+    # over both models' layers at M = 768..4096 the fused GEMM beat dequantize + cuBLAS in all 56 cells by 2.5-51%
+    # (docs/design.md §Crossovers), which 0.76 picks right; 0.78 sent Mistral-7B gate_up at 4096 and o at 1536 and
+    # 2560 to cuBLAS, 2.5-9% slower there.
+    "90": Dispatch(gemv_max_m=16, cublas_min_m=768, wgmma_min_m=17, fused_unit_us=0.76, dequant_tbps=2.6,
                    cublas_tflops=760.0, gemv_wide_max_m=32),
     "default": Dispatch(gemv_max_m=12, cublas_min_m=256),
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of steps, in order: bash bench/device/run.sh decode same_bits gpu_tests sanitize probes examples bench_quick
-# (also: host_tests, bench_peer, bench_full, producers_ab, signal_ab, tma_ab, tma_check)
+# (also: host_tests, bench_peer, bench_full, dispatch_sweep, producers_ab, signal_ab, tma_ab, tma_check)
 # Logs under $OUT; a short summary at the end. same_bits needs the tree to compare against in .old/ (carry it).
 # gpu_tests runs PYTEST_PATHS (default: tests) with PYTEST_ARGS.
 # Wheels in .whl/ (carry it) are installed for the run: the peers of bench_peer (humming-kernels).
@@ -103,6 +103,10 @@ for step in "$@"; do
                  bench/sweeps/ab_gemm.py small plan:tma=0 tma:tma=1 > "$OUT/ab_tma_small.txt" 2>&1 || rc=1
                timeout 60 python3 bench/probes/host_tma.py > "$OUT/host_tma.txt" 2>&1 || rc=1
                cat "$OUT/ab_tma_small.txt" "$OUT/host_tma.txt" ;;
+    dispatch_sweep) # fused GEMM against dequantize + cuBLAS where the dispatch model chooses (docs/design.md §Crossovers)
+                python3 -m awq_cupy bench --no-decode --dtype float16 --m ${SWEEP_M:-768,1024,1536,2048,2560,3072,4096} \
+                  --contenders gemm_wg dequant_cublas --trials 2 --json "$OUT/sweep_fused_dense.json" \
+                  > "$OUT/sweep.log" 2>&1; rc=$?; tail -5 "$OUT/sweep.log" ;;
     bench_full) python3 -m awq_cupy bench --json "$OUT/bench_full.json" --plot "$OUT/bench_full.png" > "$OUT/bench_full.log" 2>&1; rc=$?
                 grep -A60 "^sum over" "$OUT/bench_full.log" | head -60 ;;
     *) echo "unknown step $step"; rc=2 ;;
