@@ -165,6 +165,8 @@ def test_launches_equal_the_uncached_implementations(monkeypatch, x_producers, x
     monkeypatch.setattr(plans, "X_PRODUCERS", x_producers)
     monkeypatch.setattr(plans, "X_TMA", x_tma)
     monkeypatch.setattr(plans, "_TMA_UNIT_SCALE", 1.0)   # and the cost model's tensor-map unit time (the paths)
+    from awq_cupy import dispatch                         # and its fused unit time of the record
+    monkeypatch.setitem(dispatch.TABLE, "90", dataclasses.replace(dispatch.TABLE["90"], fused_unit_us=0.78))
     monkeypatch.setattr(launch.TensorMap, "point", lambda m, ptr: setattr(m, "ptr", ptr))   # x is a label here
     workspaces = _fake_launch_layer(monkeypatch)     # (its settings.reload() reads the environment above)
     seen = producers = 0
@@ -329,11 +331,12 @@ def test_plans_are_frozen_data():
     assert plans.choose_path(1, 4096, 6144, 128, "float16", jit.ARCHS["90"], 132) is plans.Path.GEMV
     assert plans.choose_path(1, 4096, 6144, 128, "float16", jit.ARCHS["90"], 132,
                              batch_invariant=True) is plans.Path.GEMM
-    # dequantize + cuBLAS only outside a capture and for fp16 (a layer the cost model gives it: Mistral-7B gate_up)
-    assert plans.choose_path(4096, 4096, 28672, 128, "float16", jit.ARCHS["90"], 132) is plans.Path.CUBLAS
-    assert plans.choose_path(4096, 4096, 28672, 128, "float16", jit.ARCHS["90"], 132,
+    # dequantize + cuBLAS only outside a capture and for fp16 (a layer the cost model gives it: Mistral-7B gate_up
+    # at M = 8192)
+    assert plans.choose_path(8192, 4096, 28672, 128, "float16", jit.ARCHS["90"], 132) is plans.Path.CUBLAS
+    assert plans.choose_path(8192, 4096, 28672, 128, "float16", jit.ARCHS["90"], 132,
                              capturing=True) is plans.Path.GEMM
-    assert plans.choose_path(4096, 4096, 28672, 128, "bfloat16", jit.ARCHS["90"], 132) is plans.Path.GEMM
+    assert plans.choose_path(8192, 4096, 28672, 128, "bfloat16", jit.ARCHS["90"], 132) is plans.Path.GEMM
 
 
 # ----------------------------------------------------------------------------------------------------------------
