@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of steps, in order: bash bench/device/run.sh decode same_bits gpu_tests sanitize probes examples bench_quick
-# (also: host_tests, bench_peer, bench_full, dispatch_sweep, producers_ab, signal_ab, tma_ab, tma_check)
+# (also: host_tests, bench_peer, bench_full, dispatch_sweep, m128_ab, producers_ab, signal_ab, tma_ab, tma_check)
 # Logs under $OUT; a short summary at the end. same_bits needs the tree to compare against in .old/ (carry it).
 # gpu_tests runs PYTEST_PATHS (default: tests) with PYTEST_ARGS.
 # Wheels in .whl/ (carry it) are installed for the run: the peers of bench_peer (humming-kernels).
@@ -107,6 +107,12 @@ for step in "$@"; do
                 python3 -m awq_cupy bench --no-decode --dtype float16 --m ${SWEEP_M:-768,1024,1536,2048,2560,3072,4096} \
                   --contenders gemm_wg dequant_cublas --trials 2 --json "$OUT/sweep_fused_dense.json" \
                   > "$OUT/sweep.log" 2>&1; rc=$?; tail -5 "$OUT/sweep.log" ;;
+    m128_ab) rc=0   # Llama-2-70B at M = 128, where the peer leads (docs/history.md v54): the plan against forced
+             # splits / PEND 2 (two CTAs per SM) / the tensor map on the 128-token tile
+             AB_MODEL=llama-2-70b AB_CASES=${AB_M128:-qkv:128,o:128,gate_up:128,down:128} timeout 200 python3 \
+               bench/sweeps/ab_gemm.py m128 plan p2:pend=2 s2p2:splits=2,pend=2 s3p2:splits=3,pend=2 s4p2:splits=4,pend=2 \
+               s4:splits=4 tma:tma=1 > "$OUT/ab_m128.txt" 2>&1 || rc=1
+             cat "$OUT/ab_m128.txt" ;;
     bench_full) python3 -m awq_cupy bench --json "$OUT/bench_full.json" --plot "$OUT/bench_full.png" > "$OUT/bench_full.log" 2>&1; rc=$?
                 grep -A60 "^sum over" "$OUT/bench_full.log" | head -60 ;;
     *) echo "unknown step $step"; rc=2 ;;
