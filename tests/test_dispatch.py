@@ -1010,7 +1010,7 @@ _MEASURED = {("mistral-7b", "gate_up", 4096): ("fused", 1326.6, 1377.9),
              ("llama-2-70b", "o", 1280): ("fused",)}
 
 
-def test_h200_cost_model_picks_the_measured_winner_per_layer():
+def test_sm90_cost_model_picks_the_measured_winner_per_layer():
     from awq_cupy.jit import ARCHS
     from awq_cupy.plans import cublas_beats_fused
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import awq_cupy
-from awq_cupy import jit, kernels, launch, ops, plans, settings
+from awq_cupy import dispatch, jit, kernels, launch, ops, plans, settings
 
 HERE = Path(__file__).resolve().parent
 
@@ -165,7 +165,7 @@ def test_launches_equal_the_uncached_implementations(monkeypatch, x_producers, x
     monkeypatch.setattr(plans, "X_PRODUCERS", x_producers)
     monkeypatch.setattr(plans, "X_TMA", x_tma)
     monkeypatch.setattr(plans, "_TMA_UNIT_SCALE", 1.0)   # and the cost model's tensor-map unit time (the paths)
-    from awq_cupy import dispatch                         # and its fused unit time of the record
+    # and the sm_90 row's fused unit time when the record was made (the paths at M >= 768)
     monkeypatch.setitem(dispatch.TABLE, "90", dataclasses.replace(dispatch.TABLE["90"], fused_unit_us=0.78))
     monkeypatch.setattr(launch.TensorMap, "point", lambda m, ptr: setattr(m, "ptr", ptr))   # x is a label here
     workspaces = _fake_launch_layer(monkeypatch)     # (its settings.reload() reads the environment above)
@@ -422,8 +422,6 @@ def test_settings_are_read_once_and_reloaded_on_request(monkeypatch):
 
 def test_tuned_table_reload_drops_plans(monkeypatch, tmp_path):
     """dispatch.write_table (what ``tune`` calls) reloads: the weights' cached plans are dropped with it."""
-    from awq_cupy import dispatch
-
     w = _fake_weight()
     w._calls[(1, 0, False, False)] = object()
     path = tmp_path / "t.json"

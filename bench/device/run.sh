@@ -108,10 +108,11 @@ for step in "$@"; do
                   --contenders gemm_wg dequant_cublas --trials 2 --json "$OUT/sweep_fused_dense.json" \
                   > "$OUT/sweep.log" 2>&1; rc=$?; tail -5 "$OUT/sweep.log" ;;
     m128_ab) rc=0   # Llama-2-70B at M = 128, where the peer leads (docs/history.md v54): the plan against forced
-             # splits / PEND 2 (two CTAs per SM) / the tensor map on the 128-token tile
+             # splits at PEND 2 (two CTAs per SM; the planner's choice for those grids, so pend=2 alone or splits=4
+             # alone repeat one of these) and the tensor map on the 128-token tile
              AB_MODEL=llama-2-70b AB_CASES=${AB_M128:-qkv:128,o:128,gate_up:128,down:128} timeout 200 python3 \
-               bench/sweeps/ab_gemm.py m128 plan p2:pend=2 s2p2:splits=2,pend=2 s3p2:splits=3,pend=2 s4p2:splits=4,pend=2 \
-               s4:splits=4 tma:tma=1 > "$OUT/ab_m128.txt" 2>&1 || rc=1
+               bench/sweeps/ab_gemm.py m128 plan s2p2:splits=2,pend=2 s3p2:splits=3,pend=2 s4p2:splits=4,pend=2 \
+               tma:tma=1 > "$OUT/ab_m128.txt" 2>&1 || rc=1
              cat "$OUT/ab_m128.txt" ;;
     bench_full) python3 -m awq_cupy bench --json "$OUT/bench_full.json" --plot "$OUT/bench_full.png" > "$OUT/bench_full.log" 2>&1; rc=$?
                 grep -A60 "^sum over" "$OUT/bench_full.log" | head -60 ;;
