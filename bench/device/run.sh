@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of steps, in order: bash bench/device/run.sh decode same_bits gpu_tests sanitize probes examples bench_quick
-# (also: host_tests, bench_peer, bench_full, dispatch_sweep, m128_ab, producers_ab, signal_ab, tma_ab, tma_check)
+# (also: host_tests, bench_peer, bench_full, dispatch_sweep, m128_ab, m512_ab, producers_ab, signal_ab, tma_ab, tma_check)
 # Logs under $OUT; a short summary at the end. same_bits needs the tree to compare against in .old/ (carry it).
 # gpu_tests runs PYTEST_PATHS (default: tests) with PYTEST_ARGS.
 # Wheels in .whl/ (carry it) are installed for the run: the peers of bench_peer (humming-kernels).
@@ -112,8 +112,14 @@ for step in "$@"; do
              # alone repeat one of these) and the tensor map on the 128-token tile
              AB_MODEL=llama-2-70b AB_CASES=${AB_M128:-qkv:128,o:128,gate_up:128,down:128} timeout 200 python3 \
                bench/sweeps/ab_gemm.py m128 plan s2p2:splits=2,pend=2 s3p2:splits=3,pend=2 s4p2:splits=4,pend=2 \
-               tma:tma=1 > "$OUT/ab_m128.txt" 2>&1 || rc=1
+               k2:ksplit=2 tma:tma=1 > "$OUT/ab_m128.txt" 2>&1 || rc=1
              cat "$OUT/ab_m128.txt" ;;
+    m512_ab) rc=0   # Mistral-7B at M = 512 and 1024 (the misses of docs/design.md §Measured bounds): the plan against two
+             # K streams per CTA and the 128-token tile (two CTAs per SM), with the x tile pass and the tensor map
+             AB_CASES=${AB_M512:-qkv:512:1024,o:512:1024,gate_up:512,down:512:1024} timeout 240 python3 \
+               bench/sweeps/ab_gemm.py m512 plan k2:ksplit=2 t128:tile=128 t128x:tile=128,tma=1 \
+               > "$OUT/ab_m512.txt" 2>&1 || rc=1
+             cat "$OUT/ab_m512.txt" ;;
     bench_full) python3 -m awq_cupy bench --json "$OUT/bench_full.json" --plot "$OUT/bench_full.png" > "$OUT/bench_full.log" 2>&1; rc=$?
                 grep -A60 "^sum over" "$OUT/bench_full.log" | head -60 ;;
     *) echo "unknown step $step"; rc=2 ;;
