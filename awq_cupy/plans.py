@@ -683,7 +683,8 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
         one = plan_gemm(M, K, N, group_size, wgmma=wgmma, sm_count=sm_count, resident=resident, tiles=tiles,
                         splits=splits, batch_invariant=batch_invariant, depth=depth, ksplit=1, tail=False,
                         token_tile=token_tile)
-        ks = wgmma_ksplit(one, wgmma, batch_invariant, splits is not None)
+        ks = wgmma_ksplit(one, wgmma, batch_invariant, splits is not None,
+                          tma=wgmma and x_by_tensor_map(M, N, (nb, tw, depth), batch_invariant))
         if ks == 1 and tail is False:
             return one
         if tail is not False:
@@ -828,14 +829,18 @@ def row_split(M: int, K: int, N: int, group_size: int, dtype: str, arch, sm_coun
 
 # Two K streams per CTA replace a two-way split-K on token tiles of at least _KSPLIT_MIN_NB blocks of 8 when each
 # stream has at most _KSPLIT_MAX_UNITS 64-k units, and halve a four-way split on one tile of _KSPLIT_FOUR_MIN_NB.
+# Where the GEMM reads x through the tensor map (_KSPLIT_TMA), streams of any length replace a two-way split.
+_KSPLIT_TMA = True
 _KSPLIT_MIN_NB = 16
 _KSPLIT_MAX_UNITS = 16
 _KSPLIT_FOUR_MIN_NB = 32
 
 
-def wgmma_ksplit(plan: GemmPlan, wgmma: bool, batch_invariant: bool = False, forced_splits: bool = False) -> int:
+def wgmma_ksplit(plan: GemmPlan, wgmma: bool, batch_invariant: bool = False, forced_splits: bool = False,
+                 tma: bool = False) -> int:
     """K streams per CTA for a one-stream GEMM ``plan``: 2 where it splits K two ways on a token tile of 128 or more
-    and each stream would run at most 16 units (K <= 4096), or four ways on one 256-token tile, else 1; with 2,
+    and each stream would run at most 16 units (K <= 4096) or the GEMM reads x through the tensor map (``tma``:
+    ``x_by_tensor_map`` for the plan's shape), or four ways on one 256-token tile, else 1; with 2,
     ``plan_gemm`` halves the split count. Two streams run the same CTAs (twice the column tiles of half the
     channels) with half the splits: fewer fp32 partials (none in place of two splits, and no reduce kernel), but
     each unit's x tile is copied for 64 channels instead of 128 and each stream has half the x slots, so the saving
@@ -854,7 +859,7 @@ def wgmma_ksplit(plan: GemmPlan, wgmma: bool, batch_invariant: bool = False, for
         return 2
     if plan.splits != 2 or plan.token_blocks < _KSPLIT_MIN_NB:
         return 1
-    return 2 if plan.per <= 2 * _KSPLIT_MAX_UNITS else 1
+    return 2 if (tma and _KSPLIT_TMA) or plan.per <= 2 * _KSPLIT_MAX_UNITS else 1
 
 
 def wgmma_pend(shape: tuple[int, int, int], ctas: int, sm_count: int, batch_invariant: bool = False) -> int | None:

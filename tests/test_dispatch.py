@@ -627,19 +627,21 @@ def test_gemm_plan_with_two_k_streams():
 
 # (layer, M): the one-stream split count and whether two K streams are planned (docs/history.md v23, H200 runs;
 # four splits at M = 256: v52, H100)
-_KSPLIT_CASES = {("qkv", 256): (2, True), ("qkv", 128): (2, True), ("o", 512): (2, True), ("down", 512): (2, False),
+_KSPLIT_CASES = {("qkv", 256): (2, True), ("qkv", 128): (2, True), ("o", 512): (2, True), ("down", 512): (2, True),
                  ("o", 128): (4, False), ("o", 256): (4, True), ("down", 128): (4, False),
                  ("down", 256): (4, True), ("down", 768): (4, False), ("gate_up", 256): (1, False),
                  ("qkv", 64): (5, False),
-                 ("o", 64): (4, False), ("l_o", 128): (2, False), ("l_o", 256): (2, False),
-                 ("l_down", 128): (2, False), ("l_down", 256): (2, False)}
+                 ("o", 64): (4, False), ("l_o", 128): (2, False), ("l_o", 256): (2, True),
+                 ("l_down", 128): (2, False), ("l_down", 256): (2, True)}
 
 
 def test_two_k_streams_replace_a_two_way_split_on_large_token_tiles():
     """The default plan takes two K streams per CTA exactly where the one-stream plan splits K two ways on a token
-    tile of 128 or more with at most 16 units per stream: there they replace the split (same CTAs, no partials, no
-    reduce kernel) and measured faster; with longer streams, where four splits would become two, or where nothing
-    is split, they measured slower or tied. Four splits on the 256-token tile become two streams x two splits (same
+    tile of 128 or more with at most 16 units per stream, or with streams of any length where the GEMM reads x
+    through the tensor map (the 256-token tile that M fills: Mistral-7B down at 512, Llama-2-70B o and down at
+    256): there they replace the split (same CTAs, no partials, no reduce kernel) and measured faster; with longer
+    streams after the x tile pass, where four splits would become two, or where nothing is split, they measured
+    slower or tied. Four splits on the 256-token tile become two streams x two splits (same
     CTAs, half the partials), which measured faster on Mistral-7B o and down at M = 256; only on one such tile
     (not M = 768, nor the 128-token tile), as measured."""
     layers = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096),
@@ -740,9 +742,8 @@ _H200_PLANS_V33 = {
 
 def test_wgmma_stream_and_split_plan_is_near_the_measured_best():
     """At M = 128..512 (one CTA per SM: the 128-token tile's two-per-SM variant is not taken on these grids) the
-    planned (K streams, split count) is one that was measured, and within 3% of the fastest. The one miss of the
-    sweep is down at M = 512 (two K streams, 91.4 us, against the planned 2-way split's 93.6): the v23 rule keeps
-    two streams to K <= 4096, which Llama-2-70B's down needed at M = 128 and 256."""
+    planned (K streams, split count) is one that was measured, and within 3% of the fastest (down at M = 512: two
+    K streams, 91.4 us, against the 2-way split's 93.6, planned since the tensor map)."""
     layers = {"qkv": (4096, 6144), "o": (4096, 4096), "down": (14336, 4096)}
     for (layer, M), times in _H200_PLANS_V33.items():
         p = plan_gemm(M, *layers[layer], 128, wgmma=True, resident=132)

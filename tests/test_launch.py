@@ -162,6 +162,7 @@ def test_launches_equal_the_uncached_implementations(monkeypatch, x_producers, x
     monkeypatch.delenv("AWQ_CUPY_WGMMA", raising=False)
     monkeypatch.setattr(plans, "_TAIL_GAIN", 0.0)   # the record predates tail launches (tests/test_dispatch.py)
     monkeypatch.setattr(plans, "_KSPLIT_FOUR_MIN_NB", 10**9)   # and two K streams in place of four splits
+    monkeypatch.setattr(plans, "_KSPLIT_TMA", False)   # or of long two-way splits where x goes through a tensor map
     monkeypatch.setattr(plans, "X_PRODUCERS", x_producers)
     monkeypatch.setattr(plans, "X_TMA", x_tma)
     monkeypatch.setattr(plans, "_TMA_UNIT_SCALE", 1.0)   # and the cost model's tensor-map unit time (the paths)

@@ -756,6 +756,37 @@ def test_matmul_takes_two_k_streams_where_planned(rng):
         assert_matmul_close(one, x, W64, kind, bias=bias, what=f"one stream, {kind}")
 
 
+def test_matmul_takes_long_two_k_streams_with_the_tensor_map(rng):
+    """Where the 256-token tile reads x through the tensor map, two K streams replace a two-way split-K of any length
+    (plans.wgmma_ksplit): M = 512 of a 4608 x 3072 layer (36 units per stream), a bias, fp16 and bf16; the launch
+    is the two-stream tensor-map variant without a split, close to the reference and to the one-stream split-K
+    launch of the same call."""
+    import awq_cupy
+    from awq_cupy import launch, plans
+    from awq_cupy.jit import arch_of_device
+
+    if not _has_wgmma():
+        pytest.skip("the wgmma GEMM needs compute capability 9.0")
+    K, N, M = 4608, 3072, 512
+    for kind in ("float16", "bfloat16"):
+        Q, Z, S, G = random_layer(rng, K, N, 128)
+        w = _weight(Q, Z, S, G, kind)
+        W64 = kernel_weight(Q, Z, S, G, kind)
+        sms = launch.sm_count(w.device)
+        plan = plans.plan_gemm_launch(M, K, N, G, kind, arch_of_device(w.device), sms, launch._resident(w.device))
+        assert plan.ksplit == 2 and plan.splits == 1 and plan.tma and plan.per == K // 64, plan
+        one = plans.plan_gemm_launch(M, K, N, G, kind, arch_of_device(w.device), sms, launch._resident(w.device),
+                                     ksplit=1)
+        assert one.splits == 2 and one.tma, one   # what the two streams replace
+        assert not plans.uses_cublas(M, kind, K=K, N=N, sm_count=sms)
+        bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
+        x = random_x(rng, M, K, kind)
+        y = awq_cupy.matmul(cp.asarray(x), w, bias=cp.asarray(bias)).get()
+        assert_matmul_close(y, x, W64, kind, bias=bias, what=f"matmul, two K streams, tensor map, {kind}")
+        split = _gemm(x, w, None, None, bias, wgmma=True, ksplit=1)
+        assert_matmul_close(split, x, W64, kind, bias=bias, what=f"one stream, two splits, {kind}")
+
+
 def test_explicit_pend_keeps_one_k_stream(rng):
     """A launch that names the wgmma kernel's PEND but not the K streams, on a shape whose plan takes two K streams
     (which exist for the default PEND only), runs the one-stream kernel with that PEND: correct, no missing

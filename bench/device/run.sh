@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of steps, in order: bash bench/device/run.sh decode same_bits gpu_tests sanitize probes examples bench_quick
-# (also: host_tests, bench_peer, bench_full, dispatch_sweep, m128_ab, m512_ab, producers_ab, signal_ab, tma_ab, tma_check)
+# (also: host_tests, bench_peer, bench_full, dispatch_sweep, m128_ab, m512_ab, ks_ab, producers_ab, signal_ab, tma_ab, tma_check)
 # Logs under $OUT; a short summary at the end. same_bits needs the tree to compare against in .old/ (carry it).
 # gpu_tests runs PYTEST_PATHS (default: tests) with PYTEST_ARGS.
 # Wheels in .whl/ (carry it) are installed for the run: the peers of bench_peer (humming-kernels).
@@ -120,6 +120,13 @@ for step in "$@"; do
                bench/sweeps/ab_gemm.py m512 plan k2:ksplit=2 t128:tile=128 t128x:tile=128,tma=1 \
                > "$OUT/ab_m512.txt" 2>&1 || rc=1
              cat "$OUT/ab_m512.txt" ;;
+    ks_ab) rc=0   # two K streams per CTA (ksplit=2) against one (ksplit=1, with its planned splits or tail) and the
+           # plan, where the 256-token tile reads x through the tensor map (plans.wgmma_ksplit)
+           AB_CASES=${AB_KS_MISTRAL:-qkv:256:512:768:1024,o:256:512:768:1024,down:256:512:768:1024,gate_up:256} \
+             timeout 200 python3 bench/sweeps/ab_gemm.py ks plan k1:ksplit=1 k2:ksplit=2 > "$OUT/ab_ks_mistral.txt" 2>&1 || rc=1
+           AB_MODEL=llama-2-70b AB_CASES=${AB_KS_LLAMA:-qkv:256:512:1024,o:256:512:768,down:256:512:768:1024} \
+             timeout 200 python3 bench/sweeps/ab_gemm.py ks plan k1:ksplit=1 k2:ksplit=2 > "$OUT/ab_ks_llama.txt" 2>&1 || rc=1
+           cat "$OUT/ab_ks_mistral.txt" "$OUT/ab_ks_llama.txt" ;;
     bench_full) python3 -m awq_cupy bench --json "$OUT/bench_full.json" --plot "$OUT/bench_full.png" > "$OUT/bench_full.log" 2>&1; rc=$?
                 grep -A60 "^sum over" "$OUT/bench_full.log" | head -60 ;;
     *) echo "unknown step $step"; rc=2 ;;
