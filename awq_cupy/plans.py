@@ -668,11 +668,12 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
     ``resident`` = CTAs the GPU holds at once (default one per
     SM). Split-K from ``plan_splits`` with the unit-time model unless ``splits`` is given. ``batch_invariant``: the
     split count is planned for one 16-row token tile whatever M is, so a row's result does not depend on M.
-    ``ksplit``: K streams per CTA of the wgmma GEMM (1 or 2); None chooses by ``wgmma_ksplit``. ``tail``: a
+    ``ksplit``: K streams per CTA of the wgmma GEMM (1 or 2); None chooses by ``wgmma_ksplit`` and, where x goes
+    through the tensor map, by the model (``_KSPLIT_TMA``). ``tail``: a
     split tail launch (``TailSplit``) where ``tail_split_cost`` models it faster (None), never (False) or always
     where the grid has one (True, for tests and A/B runs); only for the one-stream wgmma GEMM with planned splits.
     ``token_tile``: rows per CTA (a token tile of the kernel's table) instead of ``gemm_token_tile``'s."""
-    from .kernels import GEMM_WARPS, GemmVariant, WgmmaVariant
+    from .kernels import GEMM_WARPS, GEMM_WG_KSPLIT_SHAPES, GemmVariant, WgmmaVariant
     from .layout import padded_sizes
 
     if M < 1:
@@ -683,10 +684,8 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
         one = plan_gemm(M, K, N, group_size, wgmma=wgmma, sm_count=sm_count, resident=resident, tiles=tiles,
                         splits=splits, batch_invariant=batch_invariant, depth=depth, ksplit=1, tail=False,
                         token_tile=token_tile)
-        ks = wgmma_ksplit(one, wgmma, batch_invariant, splits is not None,
-                          tma=wgmma and x_by_tensor_map(M, N, (nb, tw, depth), batch_invariant))
-        if ks == 1 and tail is False:
-            return one
+        ks = wgmma_ksplit(one, wgmma, batch_invariant, splits is not None)
+        best = one if ks == 1 else None
         if tail is not False:
             t = plan_gemm(M, K, N, group_size, wgmma=wgmma, sm_count=sm_count, resident=resident, tiles=tiles,
                           splits=splits, batch_invariant=batch_invariant, depth=depth, ksplit=1, tail=tail,
@@ -694,7 +693,19 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
             # a split tail after whole waves beats two K streams where the model plans one: Mistral-7B qkv at
             # M = 768, 70.3 against 85.5 us (docs/design.md §Split-K reduce)
             if ks == 1 or t.tail is not None:
-                return t
+                best = t
+        if best is not None:   # two K streams where x goes through the tensor map and the model says so
+            if (_KSPLIT_TMA and wgmma and splits is None and (nb, tw, depth) in GEMM_WG_KSPLIT_SHAPES
+                    and x_by_tensor_map(M, N, (nb, tw, depth), batch_invariant)):
+                two = plan_gemm(M, K, N, group_size, wgmma=True, sm_count=sm_count, resident=resident,
+                                tiles=tiles, depth=depth, ksplit=2, tail=False, token_tile=token_tile)
+                res = sm_count if resident is None else resident
+                cost = lambda p: gemm_modelled_us(p, M, K, N, "float16", sm_count,   # noqa: E731
+                                                  lambda v, smem: max(1, res // sm_count))
+                most = _KSPLIT_TMA_SPLIT_UNITS if best.splits > 1 else _KSPLIT_TMA_WAVE_UNITS
+                if two.per // 2 <= most and cost(two) < _KSPLIT_TMA_GAIN * cost(best):
+                    return two
+            return best
         ksplit, splits = 2, one.splits // 2
     if ksplit not in (1, 2) or (ksplit == 2 and not wgmma):
         raise ValueError(f"ksplit={ksplit}: 1, or 2 (two K streams per CTA) for the wgmma GEMM")
@@ -829,18 +840,22 @@ def row_split(M: int, K: int, N: int, group_size: int, dtype: str, arch, sm_coun
 
 # Two K streams per CTA replace a two-way split-K on token tiles of at least _KSPLIT_MIN_NB blocks of 8 when each
 # stream has at most _KSPLIT_MAX_UNITS 64-k units, and halve a four-way split on one tile of _KSPLIT_FOUR_MIN_NB.
-# Where the GEMM reads x through the tensor map (_KSPLIT_TMA), streams of any length replace a two-way split.
-_KSPLIT_TMA = True
+# Where the GEMM reads x through the tensor map (_KSPLIT_TMA), two K streams are planned where the split-K model
+# times them at most _KSPLIT_TMA_GAIN of the one-stream plan and each stream has at most _KSPLIT_TMA_SPLIT_UNITS
+# 64-k units in place of a split plan (fewer or no fp32 partials), at most _KSPLIT_TMA_WAVE_UNITS in place of an
+# unsplit one or a split tail (a grid that fills its last wave better). H100 A/B (docs/design.md §wgmma GEMM
+# (gemm_wg)): in place of splits they won at 56, 64 and 112 units per stream and lost at 224 (Llama-2-70B down); in
+# place of a tail they won at 32 (Mistral-7B qkv M = 1024, o 1536) and lost at 64 and 112.
+_KSPLIT_TMA, _KSPLIT_TMA_GAIN = True, 0.97
+_KSPLIT_TMA_SPLIT_UNITS, _KSPLIT_TMA_WAVE_UNITS = 112, 32
 _KSPLIT_MIN_NB = 16
 _KSPLIT_MAX_UNITS = 16
 _KSPLIT_FOUR_MIN_NB = 32
 
 
-def wgmma_ksplit(plan: GemmPlan, wgmma: bool, batch_invariant: bool = False, forced_splits: bool = False,
-                 tma: bool = False) -> int:
+def wgmma_ksplit(plan: GemmPlan, wgmma: bool, batch_invariant: bool = False, forced_splits: bool = False) -> int:
     """K streams per CTA for a one-stream GEMM ``plan``: 2 where it splits K two ways on a token tile of 128 or more
-    and each stream would run at most 16 units (K <= 4096) or the GEMM reads x through the tensor map (``tma``:
-    ``x_by_tensor_map`` for the plan's shape), or four ways on one 256-token tile, else 1; with 2,
+    and each stream would run at most 16 units (K <= 4096), or four ways on one 256-token tile, else 1; with 2,
     ``plan_gemm`` halves the split count. Two streams run the same CTAs (twice the column tiles of half the
     channels) with half the splits: fewer fp32 partials (none in place of two splits, and no reduce kernel), but
     each unit's x tile is copied for 64 channels instead of 128 and each stream has half the x slots, so the saving
@@ -851,15 +866,16 @@ def wgmma_ksplit(plan: GemmPlan, wgmma: bool, batch_invariant: bool = False, for
     ~18% faster than two streams on Mistral-7B qkv at M = 640 and 768). In place of four splits, two streams with
     one split lost or tied, and without a split to replace they lost more (~17%, gate_up M = 256); two streams x
     two splits won on the H100 at M = 256 (Mistral-7B o 23.2 -> 21.1 us, 16 units per stream; down 52.9 -> 50.8,
-    56 units) and lost at M = 512, so they are planned on one 256-token tile only (M = 129..256). Batch-invariant
-    calls and forced split counts keep one stream."""
+    56 units) and lost at M = 512, so they are planned here on one 256-token tile only (M = 129..256). Where x goes
+    through the tensor map, ``plan_gemm`` also weighs two streams against this rule's plan by the split-K model
+    (``_KSPLIT_TMA``). Batch-invariant calls and forced split counts keep one stream."""
     if not wgmma or batch_invariant or forced_splits:
         return 1
     if plan.splits == 4 and plan.token_blocks >= _KSPLIT_FOUR_MIN_NB and plan.grid[2] == 1:
         return 2
     if plan.splits != 2 or plan.token_blocks < _KSPLIT_MIN_NB:
         return 1
-    return 2 if (tma and _KSPLIT_TMA) or plan.per <= 2 * _KSPLIT_MAX_UNITS else 1
+    return 2 if plan.per <= 2 * _KSPLIT_MAX_UNITS else 1
 
 
 def wgmma_pend(shape: tuple[int, int, int], ctas: int, sm_count: int, batch_invariant: bool = False) -> int | None:

@@ -629,21 +629,21 @@ def test_gemm_plan_with_two_k_streams():
 # four splits at M = 256: v52, H100)
 _KSPLIT_CASES = {("qkv", 256): (2, True), ("qkv", 128): (2, True), ("o", 512): (2, True), ("down", 512): (2, True),
                  ("o", 128): (4, False), ("o", 256): (4, True), ("down", 128): (4, False),
-                 ("down", 256): (4, True), ("down", 768): (4, False), ("gate_up", 256): (1, False),
+                 ("down", 256): (4, True), ("down", 768): (4, True), ("gate_up", 256): (1, False),
                  ("qkv", 64): (5, False),
                  ("o", 64): (4, False), ("l_o", 128): (2, False), ("l_o", 256): (2, True),
-                 ("l_down", 128): (2, False), ("l_down", 256): (2, True)}
+                 ("l_down", 128): (2, False), ("l_down", 256): (2, False)}
 
 
 def test_two_k_streams_replace_a_two_way_split_on_large_token_tiles():
     """The default plan takes two K streams per CTA exactly where the one-stream plan splits K two ways on a token
-    tile of 128 or more with at most 16 units per stream, or with streams of any length where the GEMM reads x
-    through the tensor map (the 256-token tile that M fills: Mistral-7B down at 512, Llama-2-70B o and down at
-    256): there they replace the split (same CTAs, no partials, no reduce kernel) and measured faster; with longer
-    streams after the x tile pass, where four splits would become two, or where nothing is split, they measured
-    slower or tied. Four splits on the 256-token tile become two streams x two splits (same
-    CTAs, half the partials), which measured faster on Mistral-7B o and down at M = 256; only on one such tile
-    (not M = 768, nor the 128-token tile), as measured."""
+    tile of 128 or more with at most 16 units per stream, or, where the GEMM reads x through the tensor map (the
+    256-token tile that M fills), with up to 112 units per stream (Mistral-7B down at 512, Llama-2-70B o at 256,
+    not its down with 224): there they replace the split (same CTAs, no partials, no reduce kernel) and measured
+    faster; with longer streams, where four splits would become two after the x tile pass, or where nothing is
+    split, they measured slower or tied. Four splits on the 256-token tile become two streams x two splits (same
+    CTAs, half the partials), which measured faster on Mistral-7B o and down at M = 256, and at 768 on down with
+    the tensor map (not on the 128-token tile)."""
     layers = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096),
               "l_o": (8192, 8192), "l_down": (28672, 8192)}   # l_: Llama-2-70B
     for (layer, M), (one_splits, two) in _KSPLIT_CASES.items():
@@ -660,6 +660,38 @@ def test_two_k_streams_replace_a_two_way_split_on_large_token_tiles():
     assert plan_gemm(256, 4096, 6144, 128, wgmma=False, resident=132).ksplit == 1
     assert plan_gemm(256, 4096, 6144, 128, wgmma=True, resident=132, batch_invariant=True).ksplit == 1
     assert plan_gemm(256, 4096, 6144, 128, wgmma=True, resident=132, splits=2).ksplit == 1
+
+
+# H100, v55 (bench/results/h100_ks_ab_*_v55.txt): the wgmma GEMM where the 256-token tile reads x through the tensor
+# map, one K stream (its planned splits or split tail) against two, us per call: (layer, M): (one, two)
+_KSPLIT_TMA_MEASURED = {
+    ("qkv", 512): (43.5, 49.4), ("qkv", 768): (64.8, 74.5), ("qkv", 1024): (80.7, 77.5),
+    ("o", 1024): (46.8, 51.3), ("o", 1536): (81.1, 77.4),
+    ("down", 512): (88.2, 85.2), ("down", 768): (148.5, 146.2), ("down", 1024): (156.2, 170.9),
+    ("down", 1536): (243.9, 256.0),
+    ("l_qkv", 512): (123.5, 145.1), ("l_qkv", 1024): (236.1, 258.4), ("l_o", 256): (54.6, 50.0),
+    ("l_o", 768): (146.2, 150.1), ("l_down", 256): (164.0, 168.9), ("l_down", 768): (495.2, 511.7)}
+
+
+def test_two_k_streams_with_the_tensor_map_where_measured_faster():
+    """Where the GEMM reads x through the tensor map, the planner takes two K streams in exactly the measured cells
+    where they ran faster than one stream with its splits or split tail (plans._KSPLIT_TMA: by the split-K model,
+    with units per stream bounded as measured): in place of splits with up to 112 units per stream, in place of a
+    tail with up to 32; never where x goes through the tile pass, for batch-invariant calls or forced splits."""
+    layers = {"qkv": (4096, 6144), "o": (4096, 4096), "down": (14336, 4096),
+              "l_qkv": (8192, 10240), "l_o": (8192, 8192), "l_down": (28672, 8192)}   # l_: Llama-2-70B
+    for (layer, M), (one, two) in _KSPLIT_TMA_MEASURED.items():
+        K, N = layers[layer]
+        assert plans.x_by_tensor_map(M, N, gemm_shape_for(M, wgmma=True)), (layer, M)
+        p = plan_gemm(M, K, N, 128, wgmma=True, resident=132)
+        assert p.ksplit == (2 if two < one else 1), (layer, M, p, one, two)
+    # Mistral-7B qkv at M = 1024: 384 CTAs of two streams (2.91 waves) instead of a wave and a split tail
+    p = plan_gemm(1024, 4096, 6144, 128, wgmma=True, resident=132)
+    assert (p.grid, p.splits, p.tail) == ((96, 1, 4), 1, None)
+    assert plan_gemm(1000, 4096, 6144, 128, wgmma=True, resident=132).ksplit == 1        # the tile pass (M % 256)
+    assert plan_gemm(1024, 4096, 6144, 128, wgmma=True, resident=132, batch_invariant=True).ksplit == 1
+    assert plan_gemm(1024, 4096, 6144, 128, wgmma=True, resident=132, splits=1).ksplit == 1
+    assert plan_gemm(1024, 4096, 6144, 128, wgmma=True, resident=132, tail=False).ksplit == 2
 
 
 def test_reduce_columns_keep_enough_blocks_per_sm():
@@ -806,7 +838,8 @@ def test_plan_gemm_batch_invariant_split_ignores_m(wgmma):
 
 # Grids the tail launch is planned for (H200, 132 SMs, one 256-token CTA per SM): a remainder of column tiles past
 # whole waves that splits into one wave. (model, layer, K, N, M): (first tail column tile, tail splits)
-_TAILS = {("mistral-7b", "gate_up", 4096, 28672, 512): (198, 2), ("mistral-7b", "qkv", 4096, 6144, 1024): (33, 2),
+# Mistral-7B qkv at M = 1024 runs two K streams instead (test_two_k_streams_with_the_tensor_map_where_measured_faster).
+_TAILS = {("mistral-7b", "gate_up", 4096, 28672, 512): (198, 2),
           ("llama-2-70b", "gate_up", 8192, 57344, 256): (396, 2), ("llama-2-70b", "qkv", 8192, 10240, 512): (66, 4),
           ("llama-2-70b", "qkv", 8192, 10240, 1024): (66, 2)}
 

@@ -730,59 +730,32 @@ def test_wgmma_two_k_streams_against_reference(rng):
                 np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=f"run to run, {what}")
 
 
-def test_matmul_takes_two_k_streams_where_planned(rng):
-    """awq_cupy.matmul on a shape whose plan replaces a two-way split-K by two K streams per CTA (plans.wgmma_ksplit):
-    three token tiles (the last partial), N % 16 = 8, a bias, fp16 and bf16; close to the reference, and close to
-    the one-stream split-K launch of the same call."""
-    import awq_cupy
-    from awq_cupy import launch, plans
-
-    if not _has_wgmma():
-        pytest.skip("the wgmma GEMM needs compute capability 9.0")
-    K, N, M = 2048, 2056, 600
-    for kind in ("float16", "bfloat16"):
-        Q, Z, S, G = random_layer(rng, K, N, 128)
-        w = _weight(Q, Z, S, G, kind)
-        W64 = kernel_weight(Q, Z, S, G, kind)
-        sms = launch.sm_count(w.device)
-        plan = plans.plan_gemm(M, K, N, G, wgmma=True, sm_count=sms, resident=sms)
-        assert plan.ksplit == 2 and plan.splits == 1, plan
-        assert not plans.uses_cublas(M, kind, K=K, N=N, sm_count=sms)   # the fused GEMM runs
-        bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
-        x = random_x(rng, M, K, kind)
-        y = awq_cupy.matmul(cp.asarray(x), w, bias=cp.asarray(bias)).get()
-        assert_matmul_close(y, x, W64, kind, bias=bias, what=f"matmul, two K streams, {kind}")
-        one = _gemm(x, w, None, None, bias, wgmma=True, ksplit=1)
-        assert_matmul_close(one, x, W64, kind, bias=bias, what=f"one stream, {kind}")
-
-
-def test_matmul_takes_long_two_k_streams_with_the_tensor_map(rng):
-    """Where the 256-token tile reads x through the tensor map, two K streams replace a two-way split-K of any length
-    (plans.wgmma_ksplit): M = 512 of a 4608 x 3072 layer (36 units per stream), a bias, fp16 and bf16; the launch
-    is the two-stream tensor-map variant without a split, close to the reference and to the one-stream split-K
-    launch of the same call."""
+@pytest.mark.parametrize("K,N,M,tma", [(2048, 2056, 600, False), (4608, 3072, 512, True)])
+def test_matmul_takes_two_k_streams_where_planned(rng, K, N, M, tma):
+    """awq_cupy.matmul on shapes whose plan replaces a two-way split-K by two K streams per CTA: 16 units per stream
+    after the x tile pass (plans.wgmma_ksplit; three token tiles, the last partial, N % 16 = 8), and 36 units per
+    stream where the 256-token tile reads x through the tensor map (plans._KSPLIT_TMA); a bias, fp16 and bf16;
+    close to the reference, and close to the one-stream split-K launch of the same call."""
     import awq_cupy
     from awq_cupy import launch, plans
     from awq_cupy.jit import arch_of_device
 
     if not _has_wgmma():
         pytest.skip("the wgmma GEMM needs compute capability 9.0")
-    K, N, M = 4608, 3072, 512
     for kind in ("float16", "bfloat16"):
         Q, Z, S, G = random_layer(rng, K, N, 128)
         w = _weight(Q, Z, S, G, kind)
         W64 = kernel_weight(Q, Z, S, G, kind)
         sms = launch.sm_count(w.device)
-        plan = plans.plan_gemm_launch(M, K, N, G, kind, arch_of_device(w.device), sms, launch._resident(w.device))
-        assert plan.ksplit == 2 and plan.splits == 1 and plan.tma and plan.per == K // 64, plan
-        one = plans.plan_gemm_launch(M, K, N, G, kind, arch_of_device(w.device), sms, launch._resident(w.device),
-                                     ksplit=1)
-        assert one.splits == 2 and one.tma, one   # what the two streams replace
-        assert not plans.uses_cublas(M, kind, K=K, N=N, sm_count=sms)
+        args = (M, K, N, G, kind, arch_of_device(w.device), sms, launch._resident(w.device))
+        plan, one = plans.plan_gemm_launch(*args), plans.plan_gemm_launch(*args, ksplit=1)
+        assert plan.ksplit == 2 and plan.splits == 1 and plan.tma == tma, plan
+        assert one.splits == 2 and one.tma == tma, one   # what the two streams replace
+        assert not plans.uses_cublas(M, kind, K=K, N=N, sm_count=sms)   # the fused GEMM runs
         bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
         x = random_x(rng, M, K, kind)
         y = awq_cupy.matmul(cp.asarray(x), w, bias=cp.asarray(bias)).get()
-        assert_matmul_close(y, x, W64, kind, bias=bias, what=f"matmul, two K streams, tensor map, {kind}")
+        assert_matmul_close(y, x, W64, kind, bias=bias, what=f"matmul, two K streams, {kind}")
         split = _gemm(x, w, None, None, bias, wgmma=True, ksplit=1)
         assert_matmul_close(split, x, W64, kind, bias=bias, what=f"one stream, two splits, {kind}")
 

@@ -121,10 +121,10 @@ for step in "$@"; do
                > "$OUT/ab_m512.txt" 2>&1 || rc=1
              cat "$OUT/ab_m512.txt" ;;
     ks_ab) rc=0   # two K streams per CTA (ksplit=2) against one (ksplit=1, with its planned splits or tail) and the
-           # plan, where the 256-token tile reads x through the tensor map (plans.wgmma_ksplit)
-           AB_CASES=${AB_KS_MISTRAL:-qkv:256:512:768:1024,o:256:512:768:1024,down:256:512:768:1024,gate_up:256} \
+           # plan, where the 256-token tile reads x through the tensor map (plans._KSPLIT_TMA)
+           AB_CASES=${AB_KS_MISTRAL:-qkv:512:768:1024,o:1024:1536,down:512:768:1024:1536} \
              timeout 200 python3 bench/sweeps/ab_gemm.py ks plan k1:ksplit=1 k2:ksplit=2 > "$OUT/ab_ks_mistral.txt" 2>&1 || rc=1
-           AB_MODEL=llama-2-70b AB_CASES=${AB_KS_LLAMA:-qkv:256:512:1024,o:256:512:768,down:256:512:768:1024} \
+           AB_MODEL=llama-2-70b AB_CASES=${AB_KS_LLAMA:-qkv:512:1024,o:256:768,down:256:768} \
              timeout 200 python3 bench/sweeps/ab_gemm.py ks plan k1:ksplit=1 k2:ksplit=2 > "$OUT/ab_ks_llama.txt" 2>&1 || rc=1
            cat "$OUT/ab_ks_mistral.txt" "$OUT/ab_ks_llama.txt" ;;
     bench_full) python3 -m awq_cupy bench --json "$OUT/bench_full.json" --plot "$OUT/bench_full.png" > "$OUT/bench_full.log" 2>&1; rc=$?
