@@ -349,11 +349,12 @@ def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> boo
     row's ``cublas_min_m`` on, for every shape, or, where the row has a cost model (and the fused GEMM is the
     wgmma one), where the model says so. The fused GEMM's modelled time is ``split_cost`` of its 256-token tile
     with the row's unit time and one CTA per SM (the shape M >= 256 runs), or ``tail_split_cost`` where
-    ``plan_gemm`` would plan a tail launch; where M overruns whole 256-token tiles,
+    ``plan_gemm`` would plan a tail launch, or two K streams' where it would plan those; where M overruns whole
+    256-token tiles,
     the cheaper of that and the row split's two calls (the whole tiles, then the rest on its own token tile, at the
     row's unit time scaled as ``_unit_us`` scales it), as ``row_split`` may run them. Dequantize + cuBLAS costs
     K x N x 2.5 bytes (int4 in, fp16 out) at ``dequant_tbps`` plus 2 M K N flops at ``cublas_tflops``."""
-    from .kernels import GEMM_WARPS
+    from .kernels import GEMM_WARPS, GEMM_WG_KSPLIT_SHAPES
     from .layout import padded_sizes
 
     row = dispatch.for_arch(arch.key)
@@ -370,11 +371,16 @@ def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> boo
             unit *= _TMA_UNIT_SCALE
         kw = dict(resident=sm_count, M=m, Np=Np, stage_us=unit, min_per=2, per_sm=1, share=_WG_SHARE)
         grid = (Kp // 64, -(-(Np // 16) // (GEMM_WARPS * tw)), -(-m // (8 * nb)))
-        t = split_cost(*grid, **kw)[0]
+        t, splits, _ = split_cost(*grid, **kw)
         if nb >= _TAIL_MIN_NB:
             t_tail = tail_split_cost(*grid, cols_per_tile=16 * GEMM_WARPS * tw, **kw)[0]
             if t_tail < _TAIL_GAIN * t:
-                t = t_tail
+                t, splits = t_tail, 1
+        if _KSPLIT_TMA and (nb, tw, depth) in GEMM_WG_KSPLIT_SHAPES and x_by_tensor_map(m, N, (nb, tw, depth)):
+            t_two, _, per = split_cost(grid[0], 2 * grid[1], grid[2], **dict(kw, stage_us=unit / 2, min_per=4))
+            most = _KSPLIT_TMA_SPLIT_UNITS if splits > 1 else _KSPLIT_TMA_WAVE_UNITS
+            if per // 2 <= most and t_two < _KSPLIT_TMA_GAIN * t:   # two K streams, as plan_gemm weighs them
+                t = t_two
         return t
 
     rest = M % 256

@@ -1061,6 +1061,13 @@ def test_sm90_cost_model_picks_the_measured_winner_per_layer():
     # 294.2 / 308.5 (its 5 x 79 tiles with a split tail launch)
     for K, N in ((28672, 8192), (8192, 8192), (8192, 10240)):
         assert not cublas_beats_fused(1100, K, N, ARCHS["90"]), (K, N)
+    # the fused GEMM timed as it is planned: two K streams where x goes through the tensor map and plan_gemm takes
+    # them (Mistral-7B o at M = 4608: 64 x 18 narrower CTAs instead of 32 x 18 whole ones in 4.36 waves)
+    assert plan_gemm(4608, 4096, 4096, 128, wgmma=True, resident=132).ksplit == 2
+    assert not cublas_beats_fused(4608, 4096, 4096, ARCHS["90"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plans, "_KSPLIT_TMA", False)
+        assert cublas_beats_fused(4608, 4096, 4096, ARCHS["90"])     # the one-stream model gave it to cuBLAS
     # below cublas_min_m, without wgmma (no model for the mma.sync GEMM) and for bf16: the table's threshold
     row = dispatch.TABLE["90"]
     assert not cublas_beats_fused(row.cublas_min_m - 1, 4096, 6144, ARCHS["90"])
