@@ -677,7 +677,8 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
     ``ksplit``: K streams per CTA of the wgmma GEMM (1 or 2); None chooses by ``wgmma_ksplit`` and, where x goes
     through the tensor map, by the model (``_KSPLIT_TMA``). ``tail``: a
     split tail launch (``TailSplit``) where ``tail_split_cost`` models it faster (None), never (False) or always
-    where the grid has one (True, for tests and A/B runs); only for the one-stream wgmma GEMM with planned splits.
+    where the grid has one (True, for tests and A/B runs); only for the wgmma GEMM with planned splits, with two K
+    streams only where forced or with ``_KSPLIT_TMA_TAILS``.
     ``token_tile``: rows per CTA (a token tile of the kernel's table) instead of ``gemm_token_tile``'s."""
     from .kernels import GEMM_WARPS, GEMM_WG_KSPLIT_SHAPES, GemmVariant, WgmmaVariant
     from .layout import padded_sizes
@@ -686,6 +687,7 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
         raise ValueError(f"M={M}: the GEMM needs at least one row")
     nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wgmma, depth=depth, token_tile=token_tile)
     token_tile = 8 * nb
+    tail = None if tail is None else bool(tail)   # (A/B runs pass 0 or 1)
     if ksplit is None:
         one = plan_gemm(M, K, N, group_size, wgmma=wgmma, sm_count=sm_count, resident=resident, tiles=tiles,
                         splits=splits, batch_invariant=batch_invariant, depth=depth, ksplit=1, tail=False,
@@ -704,7 +706,8 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
             if (_KSPLIT_TMA and wgmma and splits is None and (nb, tw, depth) in GEMM_WG_KSPLIT_SHAPES
                     and x_by_tensor_map(M, N, (nb, tw, depth), batch_invariant)):
                 two = plan_gemm(M, K, N, group_size, wgmma=True, sm_count=sm_count, resident=resident,
-                                tiles=tiles, depth=depth, ksplit=2, tail=False, token_tile=token_tile)
+                                tiles=tiles, depth=depth, ksplit=2, tail=None if tail is None else False,
+                                token_tile=token_tile)
                 res = sm_count if resident is None else resident
                 cost = lambda p: gemm_modelled_us(p, M, K, N, "float16", sm_count,   # noqa: E731
                                                   lambda v, smem: max(1, res // sm_count))
@@ -740,11 +743,14 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
     smem = (WgmmaVariant if wgmma else GemmVariant)("float16", nb, tw, depth, True).smem_bytes
     plan = GemmPlan(wgmma=bool(wgmma), token_blocks=nb, tiles=tw, depth=depth, aligned=aligned_groups(group_size, NG),
                     grid=(n_ctas, splits, m_tiles), splits=splits, per=per, smem=smem, NT16=NT16, ksplit=ksplit)
-    if tail is False or not wgmma or ksplit != 1 or batch_invariant or splits_forced or nb < _TAIL_MIN_NB:
+    # two K streams take a tail where forced (tests, A/B runs) or, with _KSPLIT_TMA_TAILS, where the model says so
+    two_tail = ksplit == 2 and (tail is True or _KSPLIT_TMA_TAILS)
+    if (tail is False or not wgmma or (ksplit != 1 and not two_tail) or batch_invariant or splits_forced
+            or nb < _TAIL_MIN_NB):
         return plan
-    unit = 16 * GEMM_WARPS * tw     # channels per column tile
-    kw = dict(resident=res, M=M, Np=Np, stage_us=_unit_us(nb, tw, wgmma), min_per=2, per_sm=res // sm_count,
-              share=share, cols_per_tile=unit)
+    unit = 16 * GEMM_WARPS // ksplit * tw     # channels per column tile
+    kw = dict(resident=res, M=M, Np=Np, stage_us=_unit_us(nb, tw, wgmma) / ksplit, min_per=2 * ksplit,
+              per_sm=res // sm_count, share=share, cols_per_tile=unit)
     t_tail, first, t_splits, t_per = tail_split_cost(KS, n_ctas, m_tiles, **kw)
     if first == 0 or (tail is None and not t_tail < _TAIL_GAIN * split_cost(KS, n_ctas, m_tiles, **{
             k: v for k, v in kw.items() if k != "cols_per_tile"})[0]):
@@ -821,7 +827,7 @@ def gemm_modelled_us(plan: GemmPlan, M: int, K: int, N: int, dtype: str, sm_coun
     if plan.tail is None:
         return split_cost(Kp // 64, plan.grid[0], plan.grid[2], **kw)[0]
     return tail_split_cost(Kp // 64, plan.grid[0] + plan.tail.ctas, plan.grid[2], first=plan.grid[0],
-                           cols_per_tile=16 * GEMM_WARPS * plan.tiles, **kw)[0]
+                           cols_per_tile=16 * GEMM_WARPS // plan.ksplit * plan.tiles, **kw)[0]
 
 
 def row_split(M: int, K: int, N: int, group_size: int, dtype: str, arch, sm_count: int,
@@ -854,6 +860,11 @@ def row_split(M: int, K: int, N: int, group_size: int, dtype: str, arch, sm_coun
 # place of a tail they won at 32 (Mistral-7B qkv M = 1024, o 1536) and lost at 64 and 112.
 _KSPLIT_TMA, _KSPLIT_TMA_GAIN = True, 0.97
 _KSPLIT_TMA_SPLIT_UNITS, _KSPLIT_TMA_WAVE_UNITS = 112, 32
+# Whether those two-stream plans may end in a split tail launch (whole waves of unsplit two-stream CTAs, then the
+# rest split K ways): modelled 7% faster on Mistral-7B qkv at M = 512 (96 column tiles of 128 channels on 132 SMs),
+# 18% on Llama-2-70B qkv at 256; off until measured on the GPU (bench/device/run.sh k2tail_ab). cublas_beats_fused
+# times two streams without a tail.
+_KSPLIT_TMA_TAILS = False
 _KSPLIT_MIN_NB = 16
 _KSPLIT_MAX_UNITS = 16
 _KSPLIT_FOUR_MIN_NB = 32

@@ -870,11 +870,38 @@ def test_plan_gemm_tail_only_where_it_applies():
     assert plan_gemm(256, 8192, 57344, 128, wgmma=False).tail is None             # mma.sync: x has no tile pass
     assert plan_gemm(256, 8192, 57344, 128, batch_invariant=True, **base).tail is None   # sums must not depend on M
     assert plan_gemm(256, 8192, 57344, 128, splits=2, **base).tail is None         # a forced split is kept
-    assert plan_gemm(256, 8192, 57344, 128, ksplit=2, **base).tail is None         # two K streams: no tail variant
+    assert plan_gemm(256, 8192, 57344, 128, ksplit=2, **base).tail is None   # two K streams: only forced (below)
     assert plan_gemm(16, 4096, 4096, 128, tail=True, **base).tail is None           # one wave: nothing to split off
     assert plan_gemm(64, 8192, 57344, 128, tail=True, **base).tail is None          # tiles below 128 tokens
     forced = plan_gemm(4096, 4096, 28672, 128, tail=True, **base)                   # modelled 1.7% faster only
     assert forced.tail is not None and plan_gemm(4096, 4096, 28672, 128, **base).tail is None
+
+
+def test_two_k_streams_take_a_tail_where_forced_or_enabled(monkeypatch):
+    """Two K streams end in a split tail launch where it is forced (GPU tests, A/B runs) or, with
+    plans._KSPLIT_TMA_TAILS (off until measured), where the model says so: whole waves of unsplit 64-channel
+    CTAs, then the rest split K ways, the tail's first column block counted in 64-channel tiles."""
+    from awq_cupy.plans import gemm_modelled_us, tail_split_cost
+
+    # Mistral-7B qkv at M = 512: 96 column tiles of 64 channels x 2 token tiles; one wave holds 66 of them
+    p = plan_gemm(512, 4096, 6144, 128, wgmma=True, resident=132, ksplit=2, tail=True)
+    assert (p.grid, p.splits, p.per, p.ksplit) == ((66, 1, 2), 1, 64, 2)
+    assert (p.tail.ctas, p.tail.splits, p.tail.per) == (30, 2, 32) and p.tail_grid == (30, 2, 2)
+    assert p.tail_block0 == 66 * 4                                     # four 16-column blocks per CTA
+    one = lambda v, smem: 1   # noqa: E731
+    t = gemm_modelled_us(p, 512, 4096, 6144, "float16", 132, one)
+    assert t == pytest.approx(tail_split_cost(64, 96, 2, resident=132, M=512, Np=6144, stage_us=0.39, min_per=4,
+                                              per_sm=1, share=0.1, cols_per_tile=64, tensor_us=0.39)[0])
+    plain = plan_gemm(512, 4096, 6144, 128, wgmma=True, resident=132)
+    assert plain.ksplit == 1 and plain.tail is None                    # not planned while the switch is off
+    assert t < 0.97 * gemm_modelled_us(plain, 512, 4096, 6144, "float16", 132, one)
+    monkeypatch.setattr(plans, "_KSPLIT_TMA_TAILS", True)
+    assert plan_gemm(512, 4096, 6144, 128, wgmma=True, resident=132) == p
+    # Llama-2-70B qkv at M = 256: three one-stream splits (80 x 3 CTAs) become 132 two-stream CTAs and a tail
+    q = plan_gemm(256, 8192, 10240, 128, wgmma=True, resident=132)
+    assert (q.ksplit, q.grid, q.tail.splits) == (2, (132, 1, 1), 4), q
+    assert plan_gemm(512, 4096, 6144, 128, wgmma=True, resident=132, tail=False).tail is None
+    assert plan_gemm(512, 4096, 6144, 128, wgmma=True, resident=132, batch_invariant=True).tail is None
 
 
 def test_tail_split_cost_models_whole_waves_then_one_split_wave():

@@ -523,14 +523,17 @@ def test_gemm_variants_against_reference(rng, path, shape, K, N, G, kind):
 
 
 # More column tiles than one wave of 256-token CTAs holds: K not a multiple of 64 with one group, N not a multiple
-# of the 128-column tile (the tail's last tile has 8 columns), G = 128 with a tail of a few tiles
-@pytest.mark.parametrize("K,N,G", [(2056, 18824, -1), (1024, 17416, 128)])
+# of the 128-column tile (the tail's last tile has 8 columns), G = 128 with a tail of a few tiles; two K streams
+# (64-column tiles) on Mistral-7B qkv's grid with N % 16 = 8, with groups of 128 and one group of K % 64 = 8
+@pytest.mark.parametrize("K,N,G,ksplit", [(2056, 18824, -1, 1), (1024, 17416, 128, 1), (4096, 6152, 128, 2),
+                                          (4104, 6152, -1, 2)])
 @pytest.mark.parametrize("kind", ["float16", "bfloat16"])
 @pytest.mark.parametrize("tma", [False, True])
-def test_gemm_tail_launch_against_reference(rng, K, N, G, kind, tma):
+def test_gemm_tail_launch_against_reference(rng, K, N, G, ksplit, kind, tma):
     """The wgmma GEMM as whole waves of unsplit column tiles plus a split tail launch (plans.TailSplit): against
     the reference with and without bias, and the unsplit columns bitwise those of the one-launch plan; after the x
-    tile pass and with x through a tensor map (both launches reading x by one map)."""
+    tile pass and with x through a tensor map (both launches reading x by one map); one K stream, and two (their
+    tail forced; planned only with plans._KSPLIT_TMA_TAILS)."""
     from awq_cupy import launch, plans
     from awq_cupy.jit import arch_of_device
 
@@ -543,18 +546,18 @@ def test_gemm_tail_launch_against_reference(rng, K, N, G, kind, tma):
     arch, sms = arch_of_device(w.device), launch.sm_count(w.device)
     for M in (257, 300, 512):
         p = plans.plan_gemm_launch(M, K, N, G, kind, arch, sms, launch._resident(w.device), wgmma=True, tail=True,
-                                   tma=tma)
+                                   tma=tma, ksplit=ksplit)
         q = plans.plan_gemm_launch(M, K, N, G, kind, arch, sms, launch._resident(w.device), wgmma=True, tail=False,
-                                   tma=tma)
+                                   tma=tma, ksplit=ksplit)
         assert p.tail is not None and p.tail.splits >= 2 and q.splits == 1, (p, q)
-        assert p.tma == q.tma == tma, (p, q)
+        assert p.tma == q.tma == tma and p.ksplit == q.ksplit == ksplit, (p, q)
         x = random_x(rng, M, K, kind)
         for b in (None, bias):
             what = f"tail {K}x{N} G={G} M={M} bias={b is not None} {kind} {p}"
-            y = _gemm(x, w, None, None, b, True, tail=True, tma=tma)
+            y = _gemm(x, w, None, None, b, True, tail=True, tma=tma, ksplit=ksplit)
             assert_matmul_close(y, x, W64, kind, bias=b, what=what)
             n0 = 16 * p.tail_block0
-            one = _gemm(x, w, None, None, b, True, tail=False, tma=tma)
+            one = _gemm(x, w, None, None, b, True, tail=False, tma=tma, ksplit=ksplit)
             np.testing.assert_array_equal(y[:, :n0].view(np.uint16), one[:, :n0].view(np.uint16), err_msg=what)
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of steps, in order: bash bench/device/run.sh decode same_bits gpu_tests sanitize probes examples bench_quick
-# (also: host_tests, bench_peer, bench_full, dispatch_sweep, m128_ab, m512_ab, ks_ab, producers_ab, signal_ab, tma_ab, tma_check)
+# (also: host_tests, bench_peer, bench_full, dispatch_sweep, m128_ab, m512_ab, ks_ab, k2tail_ab, producers_ab, signal_ab, tma_ab, tma_check)
 # Logs under $OUT; a short summary at the end. same_bits needs the tree to compare against in .old/ (carry it).
 # gpu_tests runs PYTEST_PATHS (default: tests) with PYTEST_ARGS.
 # Wheels in .whl/ (carry it) are installed for the run: the peers of bench_peer (humming-kernels).
@@ -127,6 +127,16 @@ for step in "$@"; do
            AB_MODEL=llama-2-70b AB_CASES=${AB_KS_LLAMA:-qkv:512:1024,o:256:768,down:256:768} \
              timeout 200 python3 bench/sweeps/ab_gemm.py ks plan k1:ksplit=1 k2:ksplit=2 > "$OUT/ab_ks_llama.txt" 2>&1 || rc=1
            cat "$OUT/ab_ks_mistral.txt" "$OUT/ab_ks_llama.txt" ;;
+    k2tail_ab) rc=0   # two K streams ending in a split tail launch (plans._KSPLIT_TMA_TAILS, off until this says so):
+               # their GPU tests, then A/B against the plan where the model gives them 3-18%
+               python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_ops_gpu.py -k "tail_launch" \
+                 > "$OUT/pytest_k2tail.log" 2>&1 || rc=1
+               tail -2 "$OUT/pytest_k2tail.log"
+               AB_CASES=${AB_K2T_MISTRAL:-qkv:512:768:1536,o:768,down:768} timeout 150 python3 \
+                 bench/sweeps/ab_gemm.py k2tail plan k2t:ksplit=2,tail=1 > "$OUT/ab_k2tail_mistral.txt" 2>&1 || rc=1
+               AB_MODEL=llama-2-70b AB_CASES=${AB_K2T_LLAMA:-qkv:256:512:768:1536} timeout 150 python3 \
+                 bench/sweeps/ab_gemm.py k2tail plan k2t:ksplit=2,tail=1 > "$OUT/ab_k2tail_llama.txt" 2>&1 || rc=1
+               cat "$OUT/ab_k2tail_mistral.txt" "$OUT/ab_k2tail_llama.txt" ;;
     bench_full) python3 -m awq_cupy bench --json "$OUT/bench_full.json" --plot "$OUT/bench_full.png" > "$OUT/bench_full.log" 2>&1; rc=$?
                 grep -A60 "^sum over" "$OUT/bench_full.log" | head -60 ;;
     *) echo "unknown step $step"; rc=2 ;;
