@@ -354,7 +354,7 @@ def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> boo
     the cheaper of that and the row split's two calls (the whole tiles, then the rest on its own token tile, at the
     row's unit time scaled as ``_unit_us`` scales it), as ``row_split`` may run them. Dequantize + cuBLAS costs
     K x N x 2.5 bytes (int4 in, fp16 out) at ``dequant_tbps`` plus 2 M K N flops at ``cublas_tflops``."""
-    from .kernels import GEMM_WARPS, GEMM_WG_KSPLIT_SHAPES
+    from .kernels import GEMM_WARPS
     from .layout import padded_sizes
 
     row = dispatch.for_arch(arch.key)
@@ -376,10 +376,9 @@ def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> boo
             t_tail = tail_split_cost(*grid, cols_per_tile=16 * GEMM_WARPS * tw, **kw)[0]
             if t_tail < _TAIL_GAIN * t:
                 t, splits = t_tail, 1
-        if _KSPLIT_TMA and (nb, tw, depth) in GEMM_WG_KSPLIT_SHAPES and x_by_tensor_map(m, N, (nb, tw, depth)):
+        if two_streams_considered(m, N, (nb, tw, depth)):   # two K streams, as plan_gemm weighs them
             t_two, _, per = split_cost(grid[0], 2 * grid[1], grid[2], **dict(kw, stage_us=unit / 2, min_per=4))
-            most = _KSPLIT_TMA_SPLIT_UNITS if splits > 1 else _KSPLIT_TMA_WAVE_UNITS
-            if per // 2 <= most and t_two < _KSPLIT_TMA_GAIN * t:   # two K streams, as plan_gemm weighs them
+            if two_streams_win(splits, per, t, t_two):
                 t = t_two
         return t
 
@@ -680,7 +679,7 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
     where the grid has one (True, for tests and A/B runs); only for the wgmma GEMM with planned splits, with two K
     streams only where forced or with ``_KSPLIT_TMA_TAILS``.
     ``token_tile``: rows per CTA (a token tile of the kernel's table) instead of ``gemm_token_tile``'s."""
-    from .kernels import GEMM_WARPS, GEMM_WG_KSPLIT_SHAPES, GemmVariant, WgmmaVariant
+    from .kernels import GEMM_WARPS, GemmVariant, WgmmaVariant
     from .layout import padded_sizes
 
     if M < 1:
@@ -703,16 +702,16 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
             if ks == 1 or t.tail is not None:
                 best = t
         if best is not None:   # two K streams where x goes through the tensor map and the model says so
-            if (_KSPLIT_TMA and wgmma and splits is None and (nb, tw, depth) in GEMM_WG_KSPLIT_SHAPES
-                    and x_by_tensor_map(M, N, (nb, tw, depth), batch_invariant)):
+            if wgmma and splits is None and two_streams_considered(M, N, (nb, tw, depth), batch_invariant):
                 two = plan_gemm(M, K, N, group_size, wgmma=True, sm_count=sm_count, resident=resident,
                                 tiles=tiles, depth=depth, ksplit=2, tail=None if tail is None else False,
                                 token_tile=token_tile)
-                res = sm_count if resident is None else resident
-                cost = lambda p: gemm_modelled_us(p, M, K, N, "float16", sm_count,   # noqa: E731
-                                                  lambda v, smem: max(1, res // sm_count))
-                most = _KSPLIT_TMA_SPLIT_UNITS if best.splits > 1 else _KSPLIT_TMA_WAVE_UNITS
-                if two.per // 2 <= most and cost(two) < _KSPLIT_TMA_GAIN * cost(best):
+                per_sm = max(1, (sm_count if resident is None else resident) // sm_count)
+
+                def cost(p: GemmPlan) -> float:
+                    return gemm_modelled_us(p, M, K, N, "float16", sm_count, lambda v, smem: per_sm)
+
+                if two_streams_win(best.splits, two.per, cost(best), cost(two)):
                     return two
             return best
         ksplit, splits = 2, one.splits // 2
@@ -865,6 +864,22 @@ _KSPLIT_TMA_SPLIT_UNITS, _KSPLIT_TMA_WAVE_UNITS = 112, 32
 # 18% on Llama-2-70B qkv at 256; off until measured on the GPU (bench/device/run.sh k2tail_ab). cublas_beats_fused
 # times two streams without a tail.
 _KSPLIT_TMA_TAILS = False
+
+
+def two_streams_considered(M: int, N: int, shape: tuple, batch_invariant: bool = False) -> bool:
+    """Whether the planner weighs two K streams against the one-stream plan by the model (``_KSPLIT_TMA``): the
+    wgmma GEMM of ``shape`` has a two-stream variant and reads x through the tensor map."""
+    from .kernels import GEMM_WG_KSPLIT_SHAPES
+
+    return _KSPLIT_TMA and tuple(shape) in GEMM_WG_KSPLIT_SHAPES and x_by_tensor_map(M, N, shape, batch_invariant)
+
+
+def two_streams_win(one_splits: int, two_per: int, t_one: float, t_two: float) -> bool:
+    """``_KSPLIT_TMA``'s choice: two K streams (``two_per`` units per split, half of them per stream, modelled
+    ``t_two``) over a one-stream plan of ``one_splits`` splits (1 for an unsplit plan or a split tail, modelled
+    ``t_one``), within the measured stream lengths."""
+    most = _KSPLIT_TMA_SPLIT_UNITS if one_splits > 1 else _KSPLIT_TMA_WAVE_UNITS
+    return two_per // 2 <= most and t_two < _KSPLIT_TMA_GAIN * t_one
 _KSPLIT_MIN_NB = 16
 _KSPLIT_MAX_UNITS = 16
 _KSPLIT_FOUR_MIN_NB = 32
