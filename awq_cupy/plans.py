@@ -377,7 +377,13 @@ def cublas_beats_fused(M: int, K: int, N: int, arch, sm_count: int = 132) -> boo
             if t_tail < _TAIL_GAIN * t:
                 t, splits = t_tail, 1
         if two_streams_considered(m, N, (nb, tw, depth)):   # two K streams, as plan_gemm weighs them
-            t_two, _, per = split_cost(grid[0], 2 * grid[1], grid[2], **dict(kw, stage_us=unit / 2, min_per=4))
+            kw2 = dict(kw, stage_us=unit / 2, min_per=4)
+            grid2 = (grid[0], 2 * grid[1], grid[2])   # (K units, column tiles of 64 channels, token tiles)
+            t_two, _, per = split_cost(*grid2, **kw2)
+            if _KSPLIT_TMA_TAILS and splits > 1:   # ending in a split tail, in place of a split plan only
+                t_tail = tail_split_cost(*grid2, cols_per_tile=16 * GEMM_WARPS // 2 * tw, **kw2)[0]
+                if t_tail < _TAIL_GAIN * t_two:
+                    t_two, per = t_tail, grid[0]
             if two_streams_win(splits, per, t, t_two):
                 t = t_two
         return t
@@ -677,7 +683,8 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
     through the tensor map, by the model (``_KSPLIT_TMA``). ``tail``: a
     split tail launch (``TailSplit``) where ``tail_split_cost`` models it faster (None), never (False) or always
     where the grid has one (True, for tests and A/B runs); only for the wgmma GEMM with planned splits, with two K
-    streams only where forced or with ``_KSPLIT_TMA_TAILS``.
+    streams only where forced or with ``_KSPLIT_TMA_TAILS`` (chosen by ksplit=None only in place of a one-stream
+    plan that splits K).
     ``token_tile``: rows per CTA (a token tile of the kernel's table) instead of ``gemm_token_tile``'s."""
     from .kernels import GEMM_WARPS, GemmVariant, WgmmaVariant
     from .layout import padded_sizes
@@ -703,9 +710,10 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
                 best = t
         if best is not None:   # two K streams where x goes through the tensor map and the model says so
             if wgmma and splits is None and two_streams_considered(M, N, (nb, tw, depth), batch_invariant):
+                # a two-stream tail only in place of a split plan (_KSPLIT_TMA_TAILS)
                 two = plan_gemm(M, K, N, group_size, wgmma=True, sm_count=sm_count, resident=resident,
-                                tiles=tiles, depth=depth, ksplit=2, tail=None if tail is None else False,
-                                token_tile=token_tile)
+                                tiles=tiles, depth=depth, ksplit=2,
+                                tail=None if tail is None and best.splits > 1 else False, token_tile=token_tile)
                 per_sm = max(1, (sm_count if resident is None else resident) // sm_count)
 
                 def cost(p: GemmPlan) -> float:
@@ -743,6 +751,7 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
     plan = GemmPlan(wgmma=bool(wgmma), token_blocks=nb, tiles=tw, depth=depth, aligned=aligned_groups(group_size, NG),
                     grid=(n_ctas, splits, m_tiles), splits=splits, per=per, smem=smem, NT16=NT16, ksplit=ksplit)
     # two K streams take a tail where forced (tests, A/B runs) or, with _KSPLIT_TMA_TAILS, where the model says so
+    # (the ksplit=None path above asks for that only in place of a split plan)
     two_tail = ksplit == 2 and (tail is True or _KSPLIT_TMA_TAILS)
     if (tail is False or not wgmma or (ksplit != 1 and not two_tail) or batch_invariant or splits_forced
             or nb < _TAIL_MIN_NB):
@@ -860,10 +869,11 @@ def row_split(M: int, K: int, N: int, group_size: int, dtype: str, arch, sm_coun
 _KSPLIT_TMA, _KSPLIT_TMA_GAIN = True, 0.97
 _KSPLIT_TMA_SPLIT_UNITS, _KSPLIT_TMA_WAVE_UNITS = 112, 32
 # Whether those two-stream plans may end in a split tail launch (whole waves of unsplit two-stream CTAs, then the
-# rest split K ways): modelled 7% faster on Mistral-7B qkv at M = 512 (96 column tiles of 128 channels on 132 SMs),
-# 18% on Llama-2-70B qkv at 256; off until measured on the GPU (bench/device/run.sh k2tail_ab). cublas_beats_fused
-# times two streams without a tail.
-_KSPLIT_TMA_TAILS = False
+# rest split K ways), taken only in place of a one-stream plan that splits K over its whole grid. H100 A/B
+# (docs/design.md §Split-K reduce): in place of splits they won 7-9% (Mistral-7B down M = 768, Llama-2-70B qkv
+# M = 256); in place of an unsplit plan or a one-stream tail they lost 1-14% in all seven cells tried, where the
+# model gave them 2-8%.
+_KSPLIT_TMA_TAILS = True
 
 
 def two_streams_considered(M: int, N: int, shape: tuple, batch_invariant: bool = False) -> bool:

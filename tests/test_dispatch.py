@@ -643,7 +643,7 @@ def test_two_k_streams_replace_a_two_way_split_on_large_token_tiles():
     faster; with longer streams, where four splits would become two after the x tile pass, or where nothing is
     split, they measured slower or tied. Four splits on the 256-token tile become two streams x two splits (same
     CTAs, half the partials), which measured faster on Mistral-7B o and down at M = 256, and at 768 on down with
-    the tensor map (not on the 128-token tile)."""
+    the tensor map (not on the 128-token tile; there now ending in a split tail launch, as measured faster)."""
     layers = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096),
               "l_o": (8192, 8192), "l_down": (28672, 8192)}   # l_: Llama-2-70B
     for (layer, M), (one_splits, two) in _KSPLIT_CASES.items():
@@ -652,7 +652,9 @@ def test_two_k_streams_replace_a_two_way_split_on_large_token_tiles():
         auto = plan_gemm(M, K, N, 128, wgmma=True, resident=132)
         assert one.splits == one_splits, (layer, M, one)
         assert auto.ksplit == (2 if two else 1), (layer, M, auto)
-        if two:   # the same CTAs, K split half as many ways
+        if two and auto.tail is not None:   # two streams and a split tail (_KSPLIT_TMA_TAILS), where measured
+            assert (layer, M) in _KSPLIT_TAIL_MEASURED, (layer, M, auto)
+        elif two:   # the same CTAs, K split half as many ways
             assert auto.splits == one.splits // 2 and math.prod(auto.grid) == math.prod(one.grid), (layer, M, auto)
         else:
             assert auto == one
@@ -692,6 +694,42 @@ def test_two_k_streams_with_the_tensor_map_where_measured_faster():
     assert plan_gemm(1024, 4096, 6144, 128, wgmma=True, resident=132, batch_invariant=True).ksplit == 1
     assert plan_gemm(1024, 4096, 6144, 128, wgmma=True, resident=132, splits=1).ksplit == 1
     assert plan_gemm(1024, 4096, 6144, 128, wgmma=True, resident=132, tail=False).ksplit == 2
+
+
+# H100 (bench/results/h100_k2tail_ab_*_v56.txt): the planner's plan and two K streams ending in a split tail
+# launch (forced), us per call; l_ = Llama-2-70B. The plan splits K over its whole grid in the two cells that won.
+_KSPLIT_TAIL_MEASURED = {
+    ("qkv", 512): (43.6, 46.2), ("qkv", 768): (64.1, 64.9), ("qkv", 1536): (113.8, 124.5),
+    ("o", 768): (43.5, 46.1), ("down", 768): (146.9, 136.4),
+    ("l_qkv", 256): (76.1, 69.1), ("l_qkv", 512): (121.9, 129.8), ("l_qkv", 768): (175.5, 199.6),
+    ("l_qkv", 1536): (352.3, 390.3)}
+
+
+def test_two_k_streams_end_in_a_tail_where_measured_faster():
+    """plans._KSPLIT_TMA_TAILS: two K streams with a split tail launch are planned in exactly the measured cells
+    where they ran faster than the plan, which there split K over the whole grid; not in place of an unsplit plan
+    or a one-stream tail (they lost in all such cells though the model gave them 2-8%), not with the flag off."""
+    layers = {"qkv": (4096, 6144), "o": (4096, 4096), "down": (14336, 4096), "l_qkv": (8192, 10240)}
+    for (layer, M), (plan_us, tail_us) in _KSPLIT_TAIL_MEASURED.items():
+        K, N = layers[layer]
+        p = plan_gemm(M, K, N, 128, wgmma=True, resident=132)
+        won = tail_us < 0.97 * plan_us
+        assert (p.ksplit == 2 and p.tail is not None) == won, (layer, M, p, plan_us, tail_us)
+        if won:   # what the flag replaces: a split plan, which it gives back when off
+            q = plan_gemm(M, K, N, 128, wgmma=True, resident=132, tail=False)
+            assert q.splits > 1 and q.tail is None, (layer, M, q)
+        forced = plan_gemm(M, K, N, 128, wgmma=True, resident=132, ksplit=2, tail=True)
+        assert forced.ksplit == 2 and forced.tail is not None and forced.tail.splits >= 2, (layer, M, forced)
+    # Mistral-7B down at M = 768: 132 CTAs of two unsplit streams (224 units), then 60 column tiles split two ways
+    p = plan_gemm(768, 14336, 4096, 128, wgmma=True, resident=132)
+    assert (p.grid, p.splits, p.ksplit, p.tail) == ((44, 1, 3), 1, 2, plans.TailSplit(20, 2, 112))
+
+
+def test_two_k_stream_tails_only_with_the_flag(monkeypatch):
+    monkeypatch.setattr(plans, "_KSPLIT_TMA_TAILS", False)
+    for K, N, M in ((14336, 4096, 768), (8192, 10240, 256)):
+        p = plan_gemm(M, K, N, 128, wgmma=True, resident=132)
+        assert p.tail is None and p.splits > 1, p
 
 
 def test_reduce_columns_keep_enough_blocks_per_sm():
@@ -841,7 +879,8 @@ def test_plan_gemm_batch_invariant_split_ignores_m(wgmma):
 # Mistral-7B qkv at M = 1024 runs two K streams instead (test_two_k_streams_with_the_tensor_map_where_measured_faster).
 _TAILS = {("mistral-7b", "gate_up", 4096, 28672, 512): (198, 2),
           ("llama-2-70b", "gate_up", 8192, 57344, 256): (396, 2), ("llama-2-70b", "qkv", 8192, 10240, 512): (66, 4),
-          ("llama-2-70b", "qkv", 8192, 10240, 1024): (66, 2)}
+          ("llama-2-70b", "qkv", 8192, 10240, 1024): (66, 2),
+          ("llama-2-70b", "qkv", 8192, 10240, 256): (132, 4)}   # two K streams' tail (_KSPLIT_TMA_TAILS)
 
 
 def test_plan_gemm_tail_where_the_last_wave_is_partial():
@@ -877,10 +916,11 @@ def test_plan_gemm_tail_only_where_it_applies():
     assert forced.tail is not None and plan_gemm(4096, 4096, 28672, 128, **base).tail is None
 
 
-def test_two_k_streams_take_a_tail_where_forced_or_enabled(monkeypatch):
+def test_two_k_streams_take_a_tail_where_forced_or_in_place_of_splits(monkeypatch):
     """Two K streams end in a split tail launch where it is forced (GPU tests, A/B runs) or, with
-    plans._KSPLIT_TMA_TAILS (off until measured), where the model says so: whole waves of unsplit 64-channel
-    CTAs, then the rest split K ways, the tail's first column block counted in 64-channel tiles."""
+    plans._KSPLIT_TMA_TAILS, where the model says so in place of a one-stream plan that splits K: whole waves of
+    unsplit 64-channel CTAs, then the rest split K ways, the tail's first column block counted in 64-channel
+    tiles. In place of an unsplit plan they are not planned even where modelled faster (they measured slower)."""
     from awq_cupy.plans import gemm_modelled_us, tail_split_cost
 
     # Mistral-7B qkv at M = 512: 96 column tiles of 64 channels x 2 token tiles; one wave holds 66 of them
@@ -893,15 +933,17 @@ def test_two_k_streams_take_a_tail_where_forced_or_enabled(monkeypatch):
     assert t == pytest.approx(tail_split_cost(64, 96, 2, resident=132, M=512, Np=6144, stage_us=0.39, min_per=4,
                                               per_sm=1, share=0.1, cols_per_tile=64, tensor_us=0.39)[0])
     plain = plan_gemm(512, 4096, 6144, 128, wgmma=True, resident=132)
-    assert plain.ksplit == 1 and plain.tail is None                    # not planned while the switch is off
+    assert plain.ksplit == 1 and plain.tail is None and plain.splits == 1   # unsplit: kept (46.2 us against 43.6)
     assert t < 0.97 * gemm_modelled_us(plain, 512, 4096, 6144, "float16", 132, one)
-    monkeypatch.setattr(plans, "_KSPLIT_TMA_TAILS", True)
-    assert plan_gemm(512, 4096, 6144, 128, wgmma=True, resident=132) == p
+    # forced two streams (ksplit=2) take the modelled tail with the switch on, whatever the one-stream plan
+    assert plan_gemm(512, 4096, 6144, 128, wgmma=True, resident=132, ksplit=2) == p
     # Llama-2-70B qkv at M = 256: three one-stream splits (80 x 3 CTAs) become 132 two-stream CTAs and a tail
     q = plan_gemm(256, 8192, 10240, 128, wgmma=True, resident=132)
     assert (q.ksplit, q.grid, q.tail.splits) == (2, (132, 1, 1), 4), q
-    assert plan_gemm(512, 4096, 6144, 128, wgmma=True, resident=132, tail=False).tail is None
-    assert plan_gemm(512, 4096, 6144, 128, wgmma=True, resident=132, batch_invariant=True).tail is None
+    assert plan_gemm(256, 8192, 10240, 128, wgmma=True, resident=132, tail=False).tail is None
+    assert plan_gemm(256, 8192, 10240, 128, wgmma=True, resident=132, batch_invariant=True).tail is None
+    monkeypatch.setattr(plans, "_KSPLIT_TMA_TAILS", False)
+    assert plan_gemm(512, 4096, 6144, 128, wgmma=True, resident=132, ksplit=2).tail is None
 
 
 def test_tail_split_cost_models_whole_waves_then_one_split_wave():
@@ -922,7 +964,7 @@ def test_tail_split_cost_models_whole_waves_then_one_split_wave():
 # with a split tail instead (67.0 us, against 70.1 for the row split: h200_tail_vs_ksplit_v47.txt)
 _ROW_SPLITS = {("mistral-7b", "qkv"): (257, 300, 320, 384), ("mistral-7b", "o"): (640, 1100),
                ("mistral-7b", "gate_up"): (257, 300, 320, 384, 640, 1100), ("mistral-7b", "down"): (257, 300, 320, 640),
-               ("llama-2-70b", "qkv"): (257, 300, 320), ("llama-2-70b", "o"): (257, 300, 320, 640),
+               ("llama-2-70b", "qkv"): (257, 300, 320, 384), ("llama-2-70b", "o"): (257, 300, 320, 640),
                ("llama-2-70b", "gate_up"): (257, 300, 320, 384, 640),
                ("llama-2-70b", "down"): (257, 300, 320, 384, 640)}
 

@@ -531,9 +531,9 @@ def test_gemm_variants_against_reference(rng, path, shape, K, N, G, kind):
 @pytest.mark.parametrize("tma", [False, True])
 def test_gemm_tail_launch_against_reference(rng, K, N, G, ksplit, kind, tma):
     """The wgmma GEMM as whole waves of unsplit column tiles plus a split tail launch (plans.TailSplit): against
-    the reference with and without bias, and the unsplit columns bitwise those of the one-launch plan; after the x
-    tile pass and with x through a tensor map (both launches reading x by one map); one K stream, and two (their
-    tail forced; planned only with plans._KSPLIT_TMA_TAILS)."""
+    the reference with and without bias, and the unsplit columns bitwise those of the unsplit one-launch plan;
+    after the x tile pass and with x through a tensor map (both launches reading x by one map); one K stream, and
+    two (their tail forced; planned only with plans._KSPLIT_TMA_TAILS)."""
     from awq_cupy import launch, plans
     from awq_cupy.jit import arch_of_device
 
@@ -548,7 +548,7 @@ def test_gemm_tail_launch_against_reference(rng, K, N, G, ksplit, kind, tma):
         p = plans.plan_gemm_launch(M, K, N, G, kind, arch, sms, launch._resident(w.device), wgmma=True, tail=True,
                                    tma=tma, ksplit=ksplit)
         q = plans.plan_gemm_launch(M, K, N, G, kind, arch, sms, launch._resident(w.device), wgmma=True, tail=False,
-                                   tma=tma, ksplit=ksplit)
+                                   tma=tma, ksplit=ksplit, splits=1)
         assert p.tail is not None and p.tail.splits >= 2 and q.splits == 1, (p, q)
         assert p.tma == q.tma == tma and p.ksplit == q.ksplit == ksplit, (p, q)
         x = random_x(rng, M, K, kind)
@@ -557,7 +557,7 @@ def test_gemm_tail_launch_against_reference(rng, K, N, G, ksplit, kind, tma):
             y = _gemm(x, w, None, None, b, True, tail=True, tma=tma, ksplit=ksplit)
             assert_matmul_close(y, x, W64, kind, bias=b, what=what)
             n0 = 16 * p.tail_block0
-            one = _gemm(x, w, None, None, b, True, tail=False, tma=tma, ksplit=ksplit)
+            one = _gemm(x, w, None, 1, b, True, tail=False, tma=tma, ksplit=ksplit)
             np.testing.assert_array_equal(y[:, :n0].view(np.uint16), one[:, :n0].view(np.uint16), err_msg=what)
 
 

@@ -70,7 +70,7 @@ for K, N, G, kinds in [(24, 8, -1, ("float16", "bfloat16")), (96, 72, 32, ("floa
                 launch.run_gemm(x, w, bias, y, M, kind, arch_of_device(w.device), launch.sm_count(w.device), False,
                                  splits=min(5, w.KS), wgmma=False, reduce_cols=cols)
 # The wgmma GEMM with a split tail launch (plans.TailSplit): more column tiles than a wave of 256-token CTAs, the
-# last tile 8 columns wide, the last token tile partial
+# last tile 8 columns wide, the last token tile partial; with one K stream and with two (64-channel column tiles)
 if plans.has_wgmma(arch_of_device(0)):
     for K, N, G in [(1032, 17416, -1), (2048, 18824, 64)]:
         t = gemm_tensors(K, N, formats.resolve_group_size(G, K))
@@ -81,10 +81,11 @@ if plans.has_wgmma(arch_of_device(0)):
             bias = cp.asarray(rng.standard_normal(N).astype(np.float32).astype(dt))
             for M in (257, 300):
                 x = cp.asarray(rng.standard_normal((M, K)).astype(np.float32).astype(dt))
-                for xt in (False, True):   # after the x tile pass, and x through a tensor map
+                # after the x tile pass, and x through a tensor map
+                for xt, ksplit in itertools.product((False, True), (1, 2)):
                     y = cp.empty((M, N), dtype=x.dtype)
                     launch.run_gemm(x, w, bias, y, M, kind, arch_of_device(w.device), launch.sm_count(w.device),
-                                     False, wgmma=True, tail=True, tma=xt)
+                                     False, wgmma=True, tail=True, tma=xt, ksplit=ksplit)
 # Every wgmma GEMM shape over three token tiles, the last 5 rows (its token tile forced), and matmul's row split
 # (plans.RowSplit: whole 256-token tiles, then the rest as its own call: the GEMV for 1 and 8 rows, a 64-token tile
 # for 44), N % 16 = 8, with a bias
