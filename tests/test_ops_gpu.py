@@ -733,12 +733,14 @@ def test_wgmma_two_k_streams_against_reference(rng):
                 np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16), err_msg=f"run to run, {what}")
 
 
-@pytest.mark.parametrize("K,N,M,tma", [(2048, 2056, 600, False), (4608, 3072, 512, True)])
-def test_matmul_takes_two_k_streams_where_planned(rng, K, N, M, tma):
-    """awq_cupy.matmul on shapes whose plan replaces a two-way split-K by two K streams per CTA: 16 units per stream
-    after the x tile pass (plans.wgmma_ksplit; three token tiles, the last partial, N % 16 = 8), and 36 units per
-    stream where the 256-token tile reads x through the tensor map (plans._KSPLIT_TMA); a bias, fp16 and bf16;
-    close to the reference, and close to the one-stream split-K launch of the same call."""
+@pytest.mark.parametrize("K,N,M,tma,tail", [(2048, 2056, 600, False, False), (4608, 3072, 512, True, False),
+                                            (4608, 9224, 256, True, True)])
+def test_matmul_takes_two_k_streams_where_planned(rng, K, N, M, tma, tail):
+    """awq_cupy.matmul on shapes whose plan replaces a split-K by two K streams per CTA: a two-way split by 16 units
+    per stream after the x tile pass (plans.wgmma_ksplit; three token tiles, the last partial, N % 16 = 8), and by
+    36 units per stream where the 256-token tile reads x through the tensor map (plans._KSPLIT_TMA); a three-way
+    split by a wave of two-stream CTAs and a split tail launch (plans._KSPLIT_TMA_TAILS, 132 SMs; N % 16 = 8); a
+    bias, fp16 and bf16; close to the reference, and close to the one-stream split-K launch of the same call."""
     import awq_cupy
     from awq_cupy import launch, plans
     from awq_cupy.jit import arch_of_device
@@ -751,9 +753,12 @@ def test_matmul_takes_two_k_streams_where_planned(rng, K, N, M, tma):
         W64 = kernel_weight(Q, Z, S, G, kind)
         sms = launch.sm_count(w.device)
         args = (M, K, N, G, kind, arch_of_device(w.device), sms, launch._resident(w.device))
+        if tail and sms != 132:
+            pytest.skip(f"the two-stream tail is planned for this shape on 132 SMs, not {sms}")
         plan, one = plans.plan_gemm_launch(*args), plans.plan_gemm_launch(*args, ksplit=1)
         assert plan.ksplit == 2 and plan.splits == 1 and plan.tma == tma, plan
-        assert one.splits == 2 and one.tma == tma, one   # what the two streams replace
+        assert (plan.tail is not None) == tail and (not tail or plan.tail.splits >= 2), plan
+        assert one.splits == (3 if tail else 2) and one.tma == tma, one   # what the two streams replace
         assert not plans.uses_cublas(M, kind, K=K, N=N, sm_count=sms)   # the fused GEMM runs
         bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
         x = random_x(rng, M, K, kind)
