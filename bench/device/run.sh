@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of steps, in order: bash bench/device/run.sh decode same_bits gpu_tests sanitize probes examples bench_quick
-# (also: host_tests, bench_peer, bench_full, dispatch_sweep, m128_ab, m512_ab, ks_ab, k2tail_ab, producers_ab, signal_ab, tma_ab, tma_check)
+# (also: host_tests, bench_peer, bench_full, dispatch_sweep, m128_ab, m512_ab, ks_ab, k2tail_ab, k2tail_check, producers_ab, signal_ab, tma_ab, tma_check)
 # Logs under $OUT; a short summary at the end. same_bits needs the tree to compare against in .old/ (carry it).
 # gpu_tests runs PYTEST_PATHS (default: tests) with PYTEST_ARGS.
 # Wheels in .whl/ (carry it) are installed for the run: the peers of bench_peer (humming-kernels).
@@ -137,6 +137,14 @@ for step in "$@"; do
                AB_MODEL=llama-2-70b AB_CASES=${AB_K2T_LLAMA:-qkv:256:512:768:1536} timeout 150 python3 \
                  bench/sweeps/ab_gemm.py k2tail plan k2t:ksplit=2,tail=1 > "$OUT/ab_k2tail_llama.txt" 2>&1 || rc=1
                cat "$OUT/ab_k2tail_mistral.txt" "$OUT/ab_k2tail_llama.txt" ;;
+    k2tail_check) rc=0   # the planned two-stream tails (plans._KSPLIT_TMA_TAILS): their GPU tests and the row split it
+                  # gave Llama-2-70B qkv at M = 384 (plan against the two calls and the one 256-token call)
+                  python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/test_ops_gpu.py \
+                    -k "tail_launch or two_k_streams or row_split" > "$OUT/pytest_k2tail_check.log" 2>&1 || rc=1
+                  tail -3 "$OUT/pytest_k2tail_check.log"
+                  timeout 120 python3 bench/sweeps/token_tiles.py 384 --models llama-2-70b --tiles 256 --trials 2 \
+                    > "$OUT/token_tiles_l384.txt" 2>&1 || rc=1
+                  tail -14 "$OUT/token_tiles_l384.txt" ;;
     bench_full) python3 -m awq_cupy bench --json "$OUT/bench_full.json" --plot "$OUT/bench_full.png" > "$OUT/bench_full.log" 2>&1; rc=$?
                 grep -A60 "^sum over" "$OUT/bench_full.log" | head -60 ;;
     *) echo "unknown step $step"; rc=2 ;;
