@@ -860,6 +860,9 @@ def row_split(M: int, K: int, N: int, group_size: int, dtype: str, arch, sm_coun
 
 # Two K streams per CTA replace a two-way split-K on token tiles of at least _KSPLIT_MIN_NB blocks of 8 when each
 # stream has at most _KSPLIT_MAX_UNITS 64-k units, and halve a four-way split on one tile of _KSPLIT_FOUR_MIN_NB.
+_KSPLIT_MIN_NB = 16
+_KSPLIT_MAX_UNITS = 16
+_KSPLIT_FOUR_MIN_NB = 32
 # Where the GEMM reads x through the tensor map (_KSPLIT_TMA), two K streams are planned where the split-K model
 # times them at most _KSPLIT_TMA_GAIN of the one-stream plan and each stream has at most _KSPLIT_TMA_SPLIT_UNITS
 # 64-k units in place of a split plan (fewer or no fp32 partials), at most _KSPLIT_TMA_WAVE_UNITS in place of an
@@ -890,9 +893,6 @@ def two_streams_win(one_splits: int, two_per: int, t_one: float, t_two: float) -
     ``t_one``), within the measured stream lengths."""
     most = _KSPLIT_TMA_SPLIT_UNITS if one_splits > 1 else _KSPLIT_TMA_WAVE_UNITS
     return two_per // 2 <= most and t_two < _KSPLIT_TMA_GAIN * t_one
-_KSPLIT_MIN_NB = 16
-_KSPLIT_MAX_UNITS = 16
-_KSPLIT_FOUR_MIN_NB = 32
 
 
 def wgmma_ksplit(plan: GemmPlan, wgmma: bool, batch_invariant: bool = False, forced_splits: bool = False) -> int:

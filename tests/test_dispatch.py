@@ -625,6 +625,11 @@ def test_gemm_plan_with_two_k_streams():
         plan_gemm(256, 4096, 6144, 128, wgmma=False, ksplit=2)
 
 
+# K x N of the benchmark models' layers by the names the planner tables below use; l_: Llama-2-70B
+_LAYERS = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096),
+           "l_qkv": (8192, 10240), "l_o": (8192, 8192), "l_down": (28672, 8192)}
+
+
 # (layer, M): the one-stream split count and whether two K streams are planned (docs/history.md v23, H200 runs;
 # four splits at M = 256: v52, H100)
 _KSPLIT_CASES = {("qkv", 256): (2, True), ("qkv", 128): (2, True), ("o", 512): (2, True), ("down", 512): (2, True),
@@ -644,10 +649,8 @@ def test_two_k_streams_replace_a_two_way_split_on_large_token_tiles():
     split, they measured slower or tied. Four splits on the 256-token tile become two streams x two splits (same
     CTAs, half the partials), which measured faster on Mistral-7B o and down at M = 256, and at 768 on down with
     the tensor map (not on the 128-token tile; there now ending in a split tail launch, as measured faster)."""
-    layers = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672), "down": (14336, 4096),
-              "l_o": (8192, 8192), "l_down": (28672, 8192)}   # l_: Llama-2-70B
     for (layer, M), (one_splits, two) in _KSPLIT_CASES.items():
-        K, N = layers[layer]
+        K, N = _LAYERS[layer]
         one = plan_gemm(M, K, N, 128, wgmma=True, resident=132, ksplit=1)
         auto = plan_gemm(M, K, N, 128, wgmma=True, resident=132)
         assert one.splits == one_splits, (layer, M, one)
@@ -680,10 +683,8 @@ def test_two_k_streams_with_the_tensor_map_where_measured_faster():
     where they ran faster than one stream with its splits or split tail (plans._KSPLIT_TMA: by the split-K model,
     with units per stream bounded as measured): in place of splits with up to 112 units per stream, in place of a
     tail with up to 32; never where x goes through the tile pass, for batch-invariant calls or forced splits."""
-    layers = {"qkv": (4096, 6144), "o": (4096, 4096), "down": (14336, 4096),
-              "l_qkv": (8192, 10240), "l_o": (8192, 8192), "l_down": (28672, 8192)}   # l_: Llama-2-70B
     for (layer, M), (one, two) in _KSPLIT_TMA_MEASURED.items():
-        K, N = layers[layer]
+        K, N = _LAYERS[layer]
         assert plans.x_by_tensor_map(M, N, gemm_shape_for(M, wgmma=True)), (layer, M)
         p = plan_gemm(M, K, N, 128, wgmma=True, resident=132)
         assert p.ksplit == (2 if two < one else 1), (layer, M, p, one, two)
@@ -709,9 +710,8 @@ def test_two_k_streams_end_in_a_tail_where_measured_faster():
     """plans._KSPLIT_TMA_TAILS: two K streams with a split tail launch are planned in exactly the measured cells
     where they ran faster than the plan, which there split K over the whole grid; not in place of an unsplit plan
     or a one-stream tail (they lost in all such cells though the model gave them 2-8%), not with the flag off."""
-    layers = {"qkv": (4096, 6144), "o": (4096, 4096), "down": (14336, 4096), "l_qkv": (8192, 10240)}
     for (layer, M), (plan_us, tail_us) in _KSPLIT_TAIL_MEASURED.items():
-        K, N = layers[layer]
+        K, N = _LAYERS[layer]
         p = plan_gemm(M, K, N, 128, wgmma=True, resident=132)
         won = tail_us < 0.97 * plan_us
         assert (p.ksplit == 2 and p.tail is not None) == won, (layer, M, p, plan_us, tail_us)
@@ -723,13 +723,6 @@ def test_two_k_streams_end_in_a_tail_where_measured_faster():
     # Mistral-7B down at M = 768: 132 CTAs of two unsplit streams (224 units), then 60 column tiles split two ways
     p = plan_gemm(768, 14336, 4096, 128, wgmma=True, resident=132)
     assert (p.grid, p.splits, p.ksplit, p.tail) == ((44, 1, 3), 1, 2, plans.TailSplit(20, 2, 112))
-
-
-def test_two_k_stream_tails_only_with_the_flag(monkeypatch):
-    monkeypatch.setattr(plans, "_KSPLIT_TMA_TAILS", False)
-    for K, N, M in ((14336, 4096, 768), (8192, 10240, 256)):
-        p = plan_gemm(M, K, N, 128, wgmma=True, resident=132)
-        assert p.tail is None and p.splits > 1, p
 
 
 def test_reduce_columns_keep_enough_blocks_per_sm():
@@ -787,9 +780,8 @@ def _h200_wgmma_splits(M, K, N):
 
 def test_wgmma_split_plan_is_near_the_measured_best():
     """On every measured case the planned split count runs within 1 us of the fastest measured one."""
-    layers = {"qkv": (4096, 6144), "o": (4096, 4096), "down": (14336, 4096)}
     for (layer, M), times in _H200_SPLITS_V22.items():
-        s = _h200_wgmma_splits(M, *layers[layer])
+        s = _h200_wgmma_splits(M, *_LAYERS[layer])
         assert s in times, (layer, M, s)
         assert times[s] <= min(times.values()) + 1.0, (layer, M, s, times)
 
@@ -814,9 +806,8 @@ def test_wgmma_stream_and_split_plan_is_near_the_measured_best():
     """At M = 128..512 (one CTA per SM: the 128-token tile's two-per-SM variant is not taken on these grids) the
     planned (K streams, split count) is one that was measured, and within 3% of the fastest (down at M = 512: two
     K streams, 91.4 us, against the 2-way split's 93.6, planned since the tensor map)."""
-    layers = {"qkv": (4096, 6144), "o": (4096, 4096), "down": (14336, 4096)}
     for (layer, M), times in _H200_PLANS_V33.items():
-        p = plan_gemm(M, *layers[layer], 128, wgmma=True, resident=132)
+        p = plan_gemm(M, *_LAYERS[layer], 128, wgmma=True, resident=132)
         assert p.grid[0] * p.grid[1] * p.grid[2] <= 132 or M > 128, (layer, M, p.grid)
         key = (p.ksplit, p.splits)
         assert key in times, (layer, M, key)
@@ -942,8 +933,11 @@ def test_two_k_streams_take_a_tail_where_forced_or_in_place_of_splits(monkeypatc
     assert (q.ksplit, q.grid, q.tail.splits) == (2, (132, 1, 1), 4), q
     assert plan_gemm(256, 8192, 10240, 128, wgmma=True, resident=132, tail=False).tail is None
     assert plan_gemm(256, 8192, 10240, 128, wgmma=True, resident=132, batch_invariant=True).tail is None
-    monkeypatch.setattr(plans, "_KSPLIT_TMA_TAILS", False)
+    monkeypatch.setattr(plans, "_KSPLIT_TMA_TAILS", False)   # off: forced two streams and the measured wins
     assert plan_gemm(512, 4096, 6144, 128, wgmma=True, resident=132, ksplit=2).tail is None
+    for K, N, M in ((14336, 4096, 768), (8192, 10240, 256)):   # back to their split plans
+        r = plan_gemm(M, K, N, 128, wgmma=True, resident=132)
+        assert r.tail is None and r.splits > 1, r
 
 
 def test_tail_split_cost_models_whole_waves_then_one_split_wave():
