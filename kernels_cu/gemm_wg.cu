@@ -599,8 +599,12 @@ AWQ_DEVICE void awq_gemm_wg_body(AWQ_GEMM_WG_PARAMS, const TensorMap* xmap) {
                                 16 * blk_base, m0, blk0, units.nvalid, lane);
 }
 
+// The GA PEND = 2 variant is held to 128 registers by its launch bound: two CTAs per SM are its reason to exist, and
+// left to itself ptxas gives the fp16 build 131 with NVRTC 13.0 (128 with 13.5), one CTA per SM, which ran the
+// 128-token layers that plan it 5-14% slower in fp16 than in bf16.
 template <typename T, int NB, int TW, int P, bool GA, int PEND = (NB >= 16 ? 3 : 1), int KW = 1, bool XP = false>
-__global__ void __launch_bounds__(awq_wg::cta_threads<XP>(), 1) awq_gemm_wg_kernel(AWQ_GEMM_WG_PARAMS) {
+__global__ void __launch_bounds__(awq_wg::cta_threads<XP>(), GA && PEND == 2 ? 2 : 1)
+    awq_gemm_wg_kernel(AWQ_GEMM_WG_PARAMS) {
   awq_gemm_wg_body<T, NB, TW, P, GA, PEND, KW, XP, false>(AWQ_GEMM_WG_ARGS, nullptr);
 }
 
