@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of steps, in order: bash bench/device/run.sh decode same_bits gpu_tests sanitize probes examples bench_quick
-# (also: host_tests, bench_peer, bench_full, dispatch_sweep, m128_ab, m512_ab, ks_ab, k2tail_ab, k2tail_check, producers_ab, signal_ab, tma_ab, tma_check)
+# (also: checks, host_tests, bench_peer, bench_full, dispatch_sweep, m128_ab, m512_ab, ks_ab, k2tail_ab, k2tail_check, producers_ab, signal_ab, tma_ab, tma_check)
 # Logs under $OUT; a short summary at the end. same_bits needs the tree to compare against in .old/ (carry it).
 # gpu_tests runs PYTEST_PATHS (default: tests) with PYTEST_ARGS on PYTEST_WORKERS processes (default 14: the whole
 # suite took 255 s on the H200 host, 16 cores).
@@ -25,6 +25,14 @@ for step in "$@"; do
                  > "$OUT/same_bits.log" 2>&1; rc=$?; tail -3 "$OUT/same_bits.log" ;;
     gpu_tests) python3 -m pytest -q -n ${PYTEST_WORKERS:-14} -m gpu ${PYTEST_PATHS:-tests} ${PYTEST_ARGS:-} > "$OUT/pytest_gpu.log" 2>&1; rc=$?
                tail -15 "$OUT/pytest_gpu.log" ;;
+    checks) # gpu_tests and sanitize side by side (neither is timed; ~260 s on the H200 for both, not ~400 in turn)
+            compute-sanitizer --tool memcheck --error-exitcode 1 python3 bench/device/sanitize_cases.py \
+              > "$OUT/memcheck.log" 2>&1 &
+            san=$!
+            python3 -m pytest -q -n ${PYTEST_WORKERS:-14} -m gpu ${PYTEST_PATHS:-tests} ${PYTEST_ARGS:-} \
+              > "$OUT/pytest_gpu.log" 2>&1; rc=$?
+            wait $san || rc=1
+            tail -4 "$OUT/pytest_gpu.log"; tail -1 "$OUT/memcheck.log" ;;
     host_tests) python3 -m pytest -q -m gpu tests/test_launch.py > "$OUT/pytest_host.log" 2>&1; rc=$?
                 tail -15 "$OUT/pytest_host.log" ;;
     sanitize) compute-sanitizer --tool memcheck --error-exitcode 1 python3 bench/device/sanitize_cases.py > "$OUT/memcheck.log" 2>&1; rc=$?
