@@ -816,19 +816,21 @@ def test_splitk_reduce_columns_per_thread_give_the_same_bits(rng):
 
 def test_wgmma_two_ctas_per_sm_variants_get_two_ctas_per_sm():
     """On this device, built by its NVRTC, the PEND variants the planner takes for two CTAs per SM
-    (GEMM_WG_PEND_TWO_PER_SM, aligned groups, after the x tile pass and through the tensor map) get two: the occupancy
-    launch._resident reports, which the split planner also reads."""
+    (GEMM_WG_PEND_TWO_PER_SM, aligned groups, after the x tile pass and through the tensor map) and the default
+    shapes below 128 tokens get two: the occupancy launch._resident reports, which the split planner also reads."""
     from awq_cupy import launch
-    from awq_cupy.kernels import GEMM_WG_PEND_TWO_PER_SM, WgmmaVariant
+    from awq_cupy.kernels import GEMM_WG_DEFAULT, GEMM_WG_PEND_TWO_PER_SM, WgmmaVariant
 
     if not _has_wgmma():
         pytest.skip("the wgmma GEMM needs compute capability 9.0")
     resident = launch._resident(0)
     for kind in ("float16", "bfloat16"):
-        for shape, pend in GEMM_WG_PEND_TWO_PER_SM.items():
-            for tma in (False, True):
-                v = WgmmaVariant(kind, *shape, True, pend, tma=tma)
-                assert resident(v, v.smem_bytes) == 2, v.expr
+        variants = [WgmmaVariant(kind, *shape, True, pend, tma=tma)
+                    for shape, pend in GEMM_WG_PEND_TWO_PER_SM.items() for tma in (False, True)]
+        variants += [WgmmaVariant(kind, *shape, ga) for tokens, shape in GEMM_WG_DEFAULT.items() if tokens < 128
+                     for ga in (True, False)]
+        for v in variants:
+            assert resident(v, v.smem_bytes) == 2, v.expr
 
 
 def test_wgmma_two_ctas_per_sm_variant_gives_the_same_bits(rng):
