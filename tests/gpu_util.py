@@ -90,3 +90,16 @@ def assert_matmul_close(y, x, W64, kind, bias=None, what=""):
         raise AssertionError(f"{what}: {bad.sum()} of {bad.size} outputs off; worst at {worst}: "
                              f"ref={ref[worst]:.6g} got={got[worst]:.6g} tol={tol[worst]:.3g}; "
                              f"first (index, ref, got): {first}")
+
+
+def two_per_sm_wgmma_variants(kind: str) -> list:
+    """The wgmma variants of activation dtype ``kind`` that run two CTAs per SM by design: the PEND variants of
+    kernels.GEMM_WG_PEND_TWO_PER_SM (aligned groups, after the x tile pass and through the tensor map) and the
+    default shapes below 128 tokens (docs/design.md §wgmma GEMM (gemm_wg)). tests/test_kernels.py checks their
+    compiled registers, tests/test_ops_gpu.py the occupancy the device reports."""
+    from awq_cupy.kernels import GEMM_WG_DEFAULT, GEMM_WG_PEND_TWO_PER_SM, WgmmaVariant
+
+    return ([WgmmaVariant(kind, *shape, True, pend, tma=tma)
+             for shape, pend in GEMM_WG_PEND_TWO_PER_SM.items() for tma in (False, True)]
+            + [WgmmaVariant(kind, *shape, ga) for tokens, shape in GEMM_WG_DEFAULT.items() if tokens < 128
+               for ga in (True, False)])

@@ -13,6 +13,7 @@ import re
 import pytest
 
 from awq_cupy import jit, kernels
+from gpu_util import two_per_sm_wgmma_variants
 
 _PLAIN_C_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -117,11 +118,9 @@ def test_gemm_wg_only_for_sm90a_and_fits(compiled):
 
 
 def test_gemm_wg_two_per_sm_variants_fit_two_ctas_per_sm(compiled):
-    """The PEND variants of GEMM_WG_PEND_TWO_PER_SM exist to share an SM two CTAs at a time (plans.wgmma_pend plans
-    them for that): their aligned-group builds, after the x tile pass and through the tensor map, fit two CTAs'
-    registers and shared memory on sm_90a. Left to ptxas, the fp16 build took 131 registers with NVRTC 13.0 (one
-    CTA per SM on the device) and 128 with 13.5; the kernels' launch bounds hold both to 128. The default shapes
-    below 128 tokens (docs/design.md §wgmma GEMM (gemm_wg): two CTAs per SM) fit two as well."""
+    """The variants that run two CTAs per SM by design (gpu_util.two_per_sm_wgmma_variants) fit two CTAs' registers
+    and shared memory on sm_90a. Left to ptxas, the 128-token PEND 2 variant's fp16 build took 131 registers with
+    NVRTC 13.0 (one CTA per SM on the device) and 128 with 13.5; the kernels' launch bounds hold both to 128."""
     a = jit.ARCHS["90a"]
     regs_per_sm, smem_per_sm, smem_reserved = 65536, 228 * 1024, 1024   # sm_90: per SM, and per CTA reserved
 
@@ -132,13 +131,8 @@ def test_gemm_wg_two_per_sm_variants_fit_two_ctas_per_sm(compiled):
         assert 2 * (v.smem_bytes + row["static_smem"] + smem_reserved) <= smem_per_sm, (v.expr, row)
 
     for dtype in kernels.gemm_dtypes(a):
-        for shape, pend in kernels.GEMM_WG_PEND_TWO_PER_SM.items():
-            for tma in (False, True):
-                fits_two(kernels.WgmmaVariant(dtype, *shape, True, pend, tma=tma))
-        for tokens, shape in kernels.GEMM_WG_DEFAULT.items():
-            if tokens < 128:
-                for ga in (True, False):
-                    fits_two(kernels.WgmmaVariant(dtype, *shape, ga))
+        for v in two_per_sm_wgmma_variants(dtype):
+            fits_two(v)
 
 
 def test_wgmma_header_is_generated_from_the_generator(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ from awq_cupy import formats, layout, reference
 from awq_cupy import settings
 from conftest import FIXTURES
 from gpu_util import (assert_matmul_close, gemv_weight, kernel_weight, either_weight, np_dtype, random_layer,
-                      random_x)
+                      random_x, two_per_sm_wgmma_variants)
 
 pytestmark = pytest.mark.gpu
 
@@ -815,21 +815,16 @@ def test_splitk_reduce_columns_per_thread_give_the_same_bits(rng):
 
 
 def test_wgmma_two_ctas_per_sm_variants_get_two_ctas_per_sm():
-    """On this device, built by its NVRTC, the PEND variants the planner takes for two CTAs per SM
-    (GEMM_WG_PEND_TWO_PER_SM, aligned groups, after the x tile pass and through the tensor map) and the default
-    shapes below 128 tokens get two: the occupancy launch._resident reports, which the split planner also reads."""
+    """On this device, built by its NVRTC, the variants that run two CTAs per SM by design
+    (gpu_util.two_per_sm_wgmma_variants) get two: the occupancy launch._resident reports, which the split planner
+    also reads."""
     from awq_cupy import launch
-    from awq_cupy.kernels import GEMM_WG_DEFAULT, GEMM_WG_PEND_TWO_PER_SM, WgmmaVariant
 
     if not _has_wgmma():
         pytest.skip("the wgmma GEMM needs compute capability 9.0")
     resident = launch._resident(0)
     for kind in ("float16", "bfloat16"):
-        variants = [WgmmaVariant(kind, *shape, True, pend, tma=tma)
-                    for shape, pend in GEMM_WG_PEND_TWO_PER_SM.items() for tma in (False, True)]
-        variants += [WgmmaVariant(kind, *shape, ga) for tokens, shape in GEMM_WG_DEFAULT.items() if tokens < 128
-                     for ga in (True, False)]
-        for v in variants:
+        for v in two_per_sm_wgmma_variants(kind):
             assert resident(v, v.smem_bytes) == 2, v.expr
 
 

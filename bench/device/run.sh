@@ -14,6 +14,11 @@ if ls .whl/*.whl > /dev/null 2>&1; then   # peers' wheels (bench --contenders hu
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
+# the GPU tests and memcheck, shared by gpu_tests, sanitize and checks
+run_gpu_tests() { python3 -m pytest -q -n ${PYTEST_WORKERS:-14} -m gpu ${PYTEST_PATHS:-tests} ${PYTEST_ARGS:-} \
+                    > "$OUT/pytest_gpu.log" 2>&1; }
+run_memcheck() { compute-sanitizer --tool memcheck --error-exitcode 1 python3 bench/device/sanitize_cases.py \
+                   > "$OUT/memcheck.log" 2>&1; }
 summary=()
 for step in "$@"; do
   t0=$(date +%s)
@@ -23,19 +28,15 @@ for step in "$@"; do
     same_bits) (PYTHONPATH=.old python3 bench/device/same_bits.py "$OUT/same_bits_old.json" &&
                 python3 bench/device/same_bits.py "$OUT/same_bits_new.json" --against "$OUT/same_bits_old.json") \
                  > "$OUT/same_bits.log" 2>&1; rc=$?; tail -3 "$OUT/same_bits.log" ;;
-    gpu_tests) python3 -m pytest -q -n ${PYTEST_WORKERS:-14} -m gpu ${PYTEST_PATHS:-tests} ${PYTEST_ARGS:-} > "$OUT/pytest_gpu.log" 2>&1; rc=$?
-               tail -15 "$OUT/pytest_gpu.log" ;;
+    gpu_tests) run_gpu_tests; rc=$?; tail -15 "$OUT/pytest_gpu.log" ;;
     checks) # gpu_tests and sanitize side by side (neither is timed; ~260 s on the H200 for both, not ~400 in turn)
-            compute-sanitizer --tool memcheck --error-exitcode 1 python3 bench/device/sanitize_cases.py \
-              > "$OUT/memcheck.log" 2>&1 &
-            san=$!
-            python3 -m pytest -q -n ${PYTEST_WORKERS:-14} -m gpu ${PYTEST_PATHS:-tests} ${PYTEST_ARGS:-} \
-              > "$OUT/pytest_gpu.log" 2>&1; rc=$?
+            run_memcheck & san=$!
+            run_gpu_tests; rc=$?
             wait $san || rc=1
             tail -4 "$OUT/pytest_gpu.log"; tail -1 "$OUT/memcheck.log" ;;
     host_tests) python3 -m pytest -q -m gpu tests/test_launch.py > "$OUT/pytest_host.log" 2>&1; rc=$?
                 tail -15 "$OUT/pytest_host.log" ;;
-    sanitize) compute-sanitizer --tool memcheck --error-exitcode 1 python3 bench/device/sanitize_cases.py > "$OUT/memcheck.log" 2>&1; rc=$?
+    sanitize) run_memcheck; rc=$?
               tail -3 "$OUT/memcheck.log" ;;
     probes) rc=0   # each probe briefly (PROBE_TIMEOUT s; a probe cut off after printing rows counts as running)
             for cmd in "mma_probe.py" "wgmma_probe.py" "wgmma_sts_probe.py second" "stream_probe.py 16" \
@@ -148,7 +149,7 @@ for step in "$@"; do
                cat "$OUT/ab_k2tail_mistral.txt" "$OUT/ab_k2tail_llama.txt" ;;
     k2tail_check) rc=0   # the planned two-stream tails (plans._KSPLIT_TMA_TAILS): their GPU tests and the row split it
                   # gave Llama-2-70B qkv at M = 384 (plan against the two calls and the one 256-token call)
-                  python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider tests/test_ops_gpu.py \
+                  python3 -m pytest -q -n ${PYTEST_WORKERS:-14} -m gpu -p no:cacheprovider tests/test_ops_gpu.py \
                     -k "tail_launch or two_k_streams or row_split" > "$OUT/pytest_k2tail_check.log" 2>&1 || rc=1
                   tail -3 "$OUT/pytest_k2tail_check.log"
                   timeout 120 python3 bench/sweeps/token_tiles.py 384 --models llama-2-70b --tiles 256 --trials 2 \
