@@ -816,8 +816,8 @@ def test_splitk_reduce_columns_per_thread_give_the_same_bits(rng):
 
 def test_wgmma_two_ctas_per_sm_variants_get_two_ctas_per_sm():
     """On this device, built by its NVRTC, the variants that run two CTAs per SM by design
-    (gpu_util.two_per_sm_wgmma_variants) get two: the occupancy launch._resident reports, which the split planner
-    also reads."""
+    (gpu_util.two_per_sm_wgmma_variants) get at least two: the occupancy launch._resident reports, which the split
+    planner also reads (the smallest tiles fit three)."""
     from awq_cupy import launch
 
     if not _has_wgmma():
@@ -825,7 +825,7 @@ def test_wgmma_two_ctas_per_sm_variants_get_two_ctas_per_sm():
     resident = launch._resident(0)
     for kind in ("float16", "bfloat16"):
         for v in two_per_sm_wgmma_variants(kind):
-            assert resident(v, v.smem_bytes) == 2, v.expr
+            assert resident(v, v.smem_bytes) >= 2, v.expr
 
 
 def test_wgmma_two_ctas_per_sm_variant_gives_the_same_bits(rng):
