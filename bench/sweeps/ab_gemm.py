@@ -8,6 +8,7 @@ warps; tma=0 or 1 their variant with the x tile pass or reading x through a tens
 tile=T makes every M take the token tile T (plans.gemm_token_tile patched); notilex=1 skips the x tile pass (timing
 only: the GEMM reads the tiles an earlier run of the case left, so put it after a normal run). The gemm_wg family is
 narrowed to the variants the runs need, so it compiles in seconds.
+AB_DTYPE=bfloat16 runs bf16 activations and weights (default float16).
 AB_DEFINES=NAME=VALUE,... compiles the gemm_wg family with those macros (probe builds); AB_NOCHECK=1 skips the
 output check (for probes whose values are wrong by design).
 PKG_DIR (a directory holding another awq_cupy/ with its kernels_cu/ inside as a package, so that an editable
@@ -28,6 +29,7 @@ import numpy as np  # noqa: E402
 import awq_cupy  # noqa: E402
 from awq_cupy import kernels, launch, plans  # noqa: E402
 from awq_cupy.bench import MODELS, Timer, rotated_weights  # noqa: E402
+from awq_cupy.dtypes import numpy_dtype  # noqa: E402
 from awq_cupy.jit import arch_of_device, kernel_dir  # noqa: E402
 
 print(f"# {label}: {awq_cupy.__file__}, kernels from {kernel_dir()}", flush=True)
@@ -36,6 +38,12 @@ for a in args:
     name, _, kv = a.partition(":")
     runs.append((name, {k: int(v) for k, v in (p.split("=") for p in kv.split(",") if p)}))
 token_tile = plans.gemm_token_tile
+dtype = os.environ.get("AB_DTYPE", "float16")
+if dtype not in ("float16", "bfloat16"):
+    raise SystemExit(f"AB_DTYPE={dtype!r}: float16 or bfloat16")
+if numpy_dtype(dtype) == np.uint16:   # no ml_dtypes: float values cast to uint16 would not be bf16 bit patterns
+    raise SystemExit("AB_DTYPE=bfloat16 needs ml_dtypes (pip install ml_dtypes)")
+print(f"# {dtype}", flush=True)
 
 
 def run_gemm_without_tile_x(x, w, bias, y, M, kind, arch, sms, batch_invariant, **force):
@@ -72,7 +80,7 @@ if os.environ.get("AB_CASES"):
 
 
 # narrow the gemm_wg family to the variants these runs need (a whole-family compile takes ~35 s on the H200 host)
-needed = {kernels.TileXVariant("float16")}
+needed = {kernels.TileXVariant(dtype)}
 for _, kw in runs:
     kw, _ = use_tile(kw)
     if "depth" in kw:
@@ -90,9 +98,9 @@ for _, kw in runs:
         for pend in {kw.get("pend")} | set(kernels.gemm_wg_pends((nb, tw, depth))):
             for xp, xt in [(False, False)] + [(True, False)] * (xp_ok and pend is None) + [(False, True)] * xt_ok:
                 more = {"tma": True} if xt else {}
-                needed.add(kernels.WgmmaVariant("float16", nb, tw, depth, True, pend, kw.get("ksplit", 1), xp, **more))
+                needed.add(kernels.WgmmaVariant(dtype, nb, tw, depth, True, pend, kw.get("ksplit", 1), xp, **more))
                 if "ksplit" not in kw and "pend" not in kw and (nb, tw, depth) in kernels.GEMM_WG_KSPLIT_SHAPES:
-                    needed.add(kernels.WgmmaVariant("float16", nb, tw, depth, True, None, 2, xp, **more))
+                    needed.add(kernels.WgmmaVariant(dtype, nb, tw, depth, True, None, 2, xp, **more))
 defines = tuple(tuple(d.split("=", 1)) for d in os.environ.get("AB_DEFINES", "").split(",") if d)
 fam = dataclasses.replace(kernels.GEMM_WG, variants=lambda arch: tuple(sorted(needed, key=lambda v: v.expr)),
                           defines=defines, asserts=None)
@@ -105,22 +113,22 @@ rng = np.random.default_rng(0)
 for name, K, N in MODELS[os.environ.get("AB_MODEL", "mistral-7b")]:
     if name not in CASES:
         continue
-    wq = rotated_weights(rng, K, N, 128)
+    wq = rotated_weights(rng, K, N, 128, dtype=dtype)
     nq = len(wq)
     for M in CASES[name]:
-        x = cp.asarray(rng.standard_normal((M, K)).astype(np.float16))
+        x = cp.asarray(rng.standard_normal((M, K)).astype(np.float32).astype(numpy_dtype(dtype)))
         ref = None
         line = []
         for run, kw in runs:
             kw, run_gemm = use_tile(kw)
-            y = cp.empty((M, N), cp.float16)
-            run_gemm(x, wq[0], launch.NULL, y, M, "float16", arch, sms, False, wgmma=True, **kw)
+            y = cp.empty((M, N), x.dtype)
+            run_gemm(x, wq[0], launch.NULL, y, M, dtype, arch, sms, False, wgmma=True, **kw)
             if ref is None:
                 ref = y.astype(cp.float32)
             elif not os.environ.get("AB_NOCHECK") and not bool(cp.allclose(y.astype(cp.float32), ref, rtol=2e-2,
                                                                               atol=2e-2)):
                 raise SystemExit(f"{run}: output differs from {runs[0][0]} on {name} M={M}")
-            us = timer(lambda i: run_gemm(x, wq[i % nq], launch.NULL, y, M, "float16", arch, sms, False,
+            us = timer(lambda i: run_gemm(x, wq[i % nq], launch.NULL, y, M, dtype, arch, sms, False,
                                                   wgmma=True, **kw), max(20, nq), 3)
             line.append(f"{run} {us:7.1f}")
         print(f"{label:8s} {name:8s} M={M:5d}  " + "  ".join(line), flush=True)
