@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 import awq_cupy  # noqa: E402
 from awq_cupy import kernels, launch, plans  # noqa: E402
 from awq_cupy.bench import MODELS, Timer, rotated_weights  # noqa: E402
-from awq_cupy.dtypes import numpy_dtype  # noqa: E402
+from awq_cupy.dtypes import dtype_name, numpy_dtype  # noqa: E402
 from awq_cupy.jit import arch_of_device, kernel_dir  # noqa: E402
 
 print(f"# {label}: {awq_cupy.__file__}, kernels from {kernel_dir()}", flush=True)
@@ -38,9 +38,7 @@ for a in args:
     name, _, kv = a.partition(":")
     runs.append((name, {k: int(v) for k, v in (p.split("=") for p in kv.split(",") if p)}))
 token_tile = plans.gemm_token_tile
-dtype = os.environ.get("AB_DTYPE", "float16")
-if dtype not in ("float16", "bfloat16"):
-    raise SystemExit(f"AB_DTYPE={dtype!r}: float16 or bfloat16")
+dtype = dtype_name(os.environ.get("AB_DTYPE", "float16"))   # TypeError for anything but fp16 / bf16 spellings
 if numpy_dtype(dtype) == np.uint16:   # no ml_dtypes: float values cast to uint16 would not be bf16 bit patterns
     raise SystemExit("AB_DTYPE=bfloat16 needs ml_dtypes (pip install ml_dtypes)")
 print(f"# {dtype}", flush=True)
