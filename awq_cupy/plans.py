@@ -195,11 +195,12 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
             ksplit = 1
         ks = 1 if ksplit is None else ksplit      # None: the plan chooses (wgmma_ksplit)
         p = planned(WgmmaVariant(dtype, nb, tw, depth, aligned, pend, ks, tma=xt), ksplit)
-        two = (wgmma_pend((nb, tw, depth), p.ctas, sm_count, batch_invariant)
+        two = (wgmma_pend((nb, tw, depth), None, sm_count, batch_invariant)
                if pend is None and p.ksplit == 1 else None)
-        if two is not None:
-            chosen_pend = two
-            p = planned(WgmmaVariant(dtype, nb, tw, depth, aligned, two, tma=xt), 1)
+        if two is not None:   # planned for two CTAs per SM, taken where either grid overfills one CTA per SM
+            q = planned(WgmmaVariant(dtype, nb, tw, depth, aligned, two, tma=xt), 1)
+            if wgmma_pend((nb, tw, depth), max(p.ctas, q.ctas), sm_count, batch_invariant) is not None:
+                chosen_pend, p = two, q
     else:
         p = planned(GemmVariant(dtype, nb, tw, depth, aligned), 1)
     cols = 0
@@ -920,15 +921,22 @@ def wgmma_ksplit(plan: GemmPlan, wgmma: bool, batch_invariant: bool = False, for
     return 2 if plan.per <= 2 * _KSPLIT_MAX_UNITS else 1
 
 
-def wgmma_pend(shape: tuple[int, int, int], ctas: int, sm_count: int, batch_invariant: bool = False) -> int | None:
+def wgmma_pend(shape: tuple[int, int, int], ctas: int | None, sm_count: int,
+               batch_invariant: bool = False) -> int | None:
     """The wgmma GEMM's PEND variant other than the default for ``shape`` (kernels.GEMM_WG_PEND_TWO_PER_SM), or
-    None: the shape's two-CTAs-per-SM variant where the default's planned grid has more CTAs than SMs (one CTA
-    per SM keeps the deeper wgmma queue). Both run the same wgmmas in the same order (same bits); batch-invariant
-    calls keep the default."""
+    None: the shape's two-CTAs-per-SM variant where a grid of ``ctas`` has more CTAs than SMs (None: whether the
+    shape has one at all). ``plan_gemm_launch`` asks with the larger of two planned grids, the default PEND's (one
+    CTA per SM) and the two-per-SM variant's, whose split count may fill the second slot of each SM: one CTA per
+    SM keeps the deeper wgmma queue, so the variant is taken only where it runs two. H100 A/B at M = 128
+    (docs/design.md §wgmma GEMM (gemm_wg)): Llama-2-70B down at 4 splits and PEND 2 (256 CTAs) 104.8 us against
+    113.1 for 2 splits at the default PEND (128 CTAs), o 35.6 against 36.3. Both PENDs run the same wgmmas in the
+    same order (same bits); batch-invariant calls keep the default."""
     from .kernels import GEMM_WG_PEND_TWO_PER_SM
 
     two = GEMM_WG_PEND_TWO_PER_SM.get(tuple(shape))
-    return two if two is not None and not batch_invariant and ctas > sm_count else None
+    if two is None or batch_invariant:
+        return None
+    return two if ctas is None or ctas > sm_count else None
 
 
 def reduce_columns(M: int, N: int, sm_count: int) -> int:

@@ -117,15 +117,20 @@ for step in "$@"; do
                 python3 -m awq_cupy bench --no-decode --dtype float16 --m ${SWEEP_M:-768,1024,1536,2048,2560,3072,4096} \
                   --contenders gemm_wg dequant_cublas --trials 2 --json "$OUT/sweep_fused_dense.json" \
                   > "$OUT/sweep.log" 2>&1; rc=$?; tail -5 "$OUT/sweep.log" ;;
-    m128_ab) rc=0   # Llama-2-70B at M = 128, where the peer leads (docs/design.md §Measured bounds), fp16 and bf16
-             # (AB_DTYPES): the plan against forced splits at PEND 2 (two CTAs per SM since history v57's launch
-             # bound; v55's runs of them had fp16 at one) and the tensor map on the 128-token tile
+    m128_ab) rc=0   # the 128-token tile's PEND 2 grids that fill two CTAs per SM (plans.wgmma_pend) against the
+             # default-PEND grids planned for those layers before (forced: Mistral-7B 4 splits, Llama-2-70B 2), at
+             # M = 96 and 128, fp16 and bf16 (AB_DTYPES); the row splits that change with them (M = 384, 1100:
+             # plan against the one 256-token call, fp16)
              for dt in ${AB_DTYPES:-float16 bfloat16}; do
-               AB_DTYPE=$dt AB_MODEL=llama-2-70b AB_CASES=${AB_M128:-qkv:128,o:128,gate_up:128,down:128} timeout 150 \
-                 python3 bench/sweeps/ab_gemm.py m128 plan s2p2:splits=2,pend=2 s3p2:splits=3,pend=2 \
-                 s4p2:splits=4,pend=2 tma:tma=1 > "$OUT/ab_m128_$dt.txt" 2>&1 || rc=1
+               for mc in mistral-7b:4 llama-2-70b:2; do
+                 AB_DTYPE=$dt AB_MODEL=${mc%%:*} AB_CASES=${AB_M128:-o:96:128,down:96:128} timeout 150 \
+                   python3 bench/sweeps/ab_gemm.py m128 plan was:splits=${mc##*:} >> "$OUT/ab_m128_$dt.txt" 2>&1 || rc=1
+               done
                cat "$OUT/ab_m128_$dt.txt"
-             done ;;
+             done
+             timeout 200 python3 bench/sweeps/token_tiles.py 384,1100 --tiles 256 --trials 2 \
+               > "$OUT/token_tiles_m128.txt" 2>&1 || rc=1
+             cat "$OUT/token_tiles_m128.txt" ;;
     m512_ab) rc=0   # Mistral-7B at M = 512 and 1024 (the misses of docs/design.md §Measured bounds): the plan against two
              # K streams per CTA and the 128-token tile (two CTAs per SM), with the x tile pass and the tensor map
              AB_CASES=${AB_M512:-qkv:512:1024,o:512:1024,gate_up:512,down:512:1024} timeout 240 python3 \
