@@ -197,9 +197,10 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
         p = planned(WgmmaVariant(dtype, nb, tw, depth, aligned, pend, ks, tma=xt), ksplit)
         two = (wgmma_pend((nb, tw, depth), None, sm_count, batch_invariant)
                if pend is None and p.ksplit == 1 else None)
-        if two is not None:   # planned for two CTAs per SM, taken where either grid overfills one CTA per SM
+        if two is not None:   # planned for two CTAs per SM, taken where its grid (or the default's) overfills one
             q = planned(WgmmaVariant(dtype, nb, tw, depth, aligned, two, tma=xt), 1)
-            if wgmma_pend((nb, tw, depth), max(p.ctas, q.ctas), sm_count, batch_invariant) is not None:
+            ctas = max(p.ctas, q.ctas) if PEND_TWO_OWN_GRID else p.ctas
+            if wgmma_pend((nb, tw, depth), ctas, sm_count, batch_invariant) is not None:
                 chosen_pend, p = two, q
     else:
         p = planned(GemmVariant(dtype, nb, tw, depth, aligned), 1)
@@ -214,6 +215,9 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
     return dataclasses.replace(p, pend=chosen_pend if wg else None, reduce_cols=cols, producers=xp, tma=xt)
 
 
+# Whether the 128-token tile's two-CTAs-per-SM PEND variant is also taken where only its own planned grid (more
+# splits) has more CTAs than SMs, not just the default PEND's grid (wgmma_pend).
+PEND_TWO_OWN_GRID = True
 # Whether the wgmma GEMM's 128- and 256-token tiles copy x inside the kernel (producer warps) instead of after an x
 # tile pass: docs/design.md §wgmma GEMM (gemm_wg). Off until measured on the GPU.
 X_PRODUCERS = False

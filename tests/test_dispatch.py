@@ -1034,6 +1034,7 @@ def test_wgmma_two_per_sm_variant_only_for_grids_larger_than_the_sms():
         assert wgmma_pend(shape, 133, 132) == pend and wgmma_pend(list(shape), 1000, 132) == pend
         assert wgmma_pend(shape, 132, 132) is None and wgmma_pend(shape, 1, 132) is None
         assert wgmma_pend(shape, 1000, 132, batch_invariant=True) is None
+        assert wgmma_pend(shape, None, 132) == pend and wgmma_pend(shape, None, 132, batch_invariant=True) is None
         # Mistral-7B at M = 128 (docs/history.md v20): gate_up's default grid (224 CTAs) takes it, o's (128) does not
         gu = plan_gemm(128, 4096, 28672, 128, wgmma=True, tiles=shape[1], depth=shape[2])
         o = plan_gemm(128, 4096, 4096, 128, wgmma=True, tiles=shape[1], depth=shape[2])
@@ -1041,7 +1042,28 @@ def test_wgmma_two_per_sm_variant_only_for_grids_larger_than_the_sms():
         assert wgmma_pend(shape, math.prod(o.grid), 132) is None
     for shape in kernels.GEMM_WG_SHAPES:
         if shape not in kernels.GEMM_WG_PEND_TWO_PER_SM:
-            assert wgmma_pend(shape, 10_000, 132) is None
+            assert wgmma_pend(shape, 10_000, 132) is None and wgmma_pend(shape, None, 132) is None
+
+
+@pytest.mark.parametrize("own_grid", [False, True])
+def test_pend_two_where_its_own_planned_grid_fills_two_ctas_per_sm(monkeypatch, own_grid):
+    """plans.PEND_TWO_OWN_GRID: the 128-token tile's PEND 2 variant also where only its own split plan (planned for
+    two CTAs per SM) has more CTAs than SMs; off, only where the default PEND's grid has."""
+    from awq_cupy import jit, plans
+
+    monkeypatch.setattr(plans, "PEND_TWO_OWN_GRID", own_grid)
+
+    def plan(M, K, N, **kw):
+        return plans.plan_gemm_launch(M, K, N, 128, "float16", jit.ARCHS["90"], 132,
+                                      lambda v, smem: 2 if v.token_blocks < 16 or v.pend == 2 else 1, **kw)
+
+    down = plan(128, 28672, 8192)   # Llama-2-70B down: 64 column tiles x 2 splits at the default PEND
+    assert (down.pend, down.grid) == ((2, (64, 4, 1)) if own_grid else (None, (64, 2, 1)))
+    assert plan(128, 4096, 4096).pend is None          # Mistral-7B o: 128 CTAs either way, one per SM
+    assert plan(128, 8192, 57344).pend == 2            # Llama-2-70B gate_up: 448 CTAs at the default PEND
+    assert plan(128, 28672, 8192, batch_invariant=True).pend is None
+    assert plan(128, 28672, 8192, pend=3).pend == 3    # a forced PEND is kept
+    assert plan(128, 28672, 8192, splits=2).pend is None   # forced splits: the PEND 2 grid is the default's
 
 
 def test_wgmma_variant_names_and_the_kernels_pend_default():

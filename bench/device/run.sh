@@ -123,12 +123,12 @@ for step in "$@"; do
              # plan against the one 256-token call, fp16)
              for dt in ${AB_DTYPES:-float16 bfloat16}; do
                for mc in mistral-7b:4 llama-2-70b:2; do
-                 AB_DTYPE=$dt AB_MODEL=${mc%%:*} AB_CASES=${AB_M128:-o:96:128,down:96:128} timeout 150 \
+                 AB_DTYPE=$dt AB_MODEL=${mc%%:*} AB_CASES=${AB_M128:-o:96:128,down:96:128} timeout 100 \
                    python3 bench/sweeps/ab_gemm.py m128 plan was:splits=${mc##*:} >> "$OUT/ab_m128_$dt.txt" 2>&1 || rc=1
                done
                cat "$OUT/ab_m128_$dt.txt"
              done
-             timeout 200 python3 bench/sweeps/token_tiles.py 384,1100 --tiles 256 --trials 2 \
+             timeout 150 python3 bench/sweeps/token_tiles.py 384,1100 --tiles 256 --trials 2 \
                > "$OUT/token_tiles_m128.txt" 2>&1 || rc=1
              cat "$OUT/token_tiles_m128.txt" ;;
     m512_ab) rc=0   # Mistral-7B at M = 512 and 1024 (the misses of docs/design.md §Measured bounds): the plan against two
