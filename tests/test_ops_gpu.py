@@ -849,6 +849,34 @@ def test_wgmma_two_ctas_per_sm_variant_gives_the_same_bits(rng):
                 assert_matmul_close(b, x, kernel_weight(Q, Z, S, G, kind), kind, what=what)
 
 
+@pytest.mark.parametrize("kind", ["float16", "bfloat16"])
+def test_matmul_where_the_pend_two_grid_fills_two_ctas_per_sm(rng, kind):
+    """Layers whose default-PEND grid fits the SMs but whose 128-token PEND 2 plan (more splits, two CTAs per SM)
+    does not (plans.PEND_TWO_OWN_GRID): matmul plans that variant and its split-K result matches the reference,
+    with a bias, N % 64 != 0 and M not a multiple of 8, on this device's occupancy."""
+    from awq_cupy import launch, plans
+
+    if not _has_wgmma():
+        pytest.skip("the wgmma GEMM needs compute capability 9.0")
+    sms = launch.sm_count(0)
+    stream = cp.cuda.get_current_stream().ptr
+    seen = 0
+    for K, N, M in ((4096, 4096, 96), (8192, 2080, 125), (14336, 4096, 128)):
+        Q, Z, S, G = random_layer(rng, K, N, 128)
+        w = _weight(Q, Z, S, G, kind)
+        plan = launch.prepare_call(w, M, kind, stream).plan
+        if getattr(plan, "pend", None) != 2 or not plan.ctas > sms:
+            continue
+        seen += 1
+        bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
+        x = random_x(rng, M, K, kind)
+        y = awq_cupy.matmul(cp.asarray(x), w, bias=cp.asarray(bias)).get()
+        assert_matmul_close(y, x, kernel_weight(Q, Z, S, G, kind), kind, bias=bias,
+                            what=f"{K}x{N} M={M} {kind} {plan}")
+    if not seen:
+        pytest.skip(f"no such plan on this GPU ({sms} SMs, PEND_TWO_OWN_GRID={plans.PEND_TWO_OWN_GRID})")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Streams, graphs, batch invariance
 # ---------------------------------------------------------------------------------------------------------------
