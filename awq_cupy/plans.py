@@ -217,7 +217,7 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
 
 # Whether the 128-token tile's two-CTAs-per-SM PEND variant is also taken where only its own planned grid (more
 # splits) has more CTAs than SMs, not just the default PEND's grid (wgmma_pend).
-PEND_TWO_OWN_GRID = True
+PEND_TWO_OWN_GRID = False
 # Whether the wgmma GEMM's 128- and 256-token tiles copy x inside the kernel (producer warps) instead of after an x
 # tile pass: docs/design.md §wgmma GEMM (gemm_wg). Off until measured on the GPU.
 X_PRODUCERS = False
