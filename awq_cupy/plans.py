@@ -216,7 +216,10 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
 
 
 # Whether the 128-token tile's two-CTAs-per-SM PEND variant is also taken where only its own planned grid (more
-# splits) has more CTAs than SMs, not just the default PEND's grid (wgmma_pend).
+# splits) has more CTAs than SMs, not just the default PEND's grid (wgmma_pend). It won on Llama-2-70B o and down
+# at M = 128 (H100 A/B, docs/design.md §wgmma GEMM (gemm_wg)); off until the other layers it changes (Mistral-7B
+# o and down at M = 65..127, the row splits it adds at M = 384 and 1100) are timed and its GPU tests pass on the
+# device: `bash bench/device/run.sh m128_ab` times them with it on.
 PEND_TWO_OWN_GRID = False
 # Whether the wgmma GEMM's 128- and 256-token tiles copy x inside the kernel (producer warps) instead of after an x
 # tile pass: docs/design.md §wgmma GEMM (gemm_wg). Off until measured on the GPU.
