@@ -199,7 +199,8 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
                if pend is None and p.ksplit == 1 else None)
         if two is not None:   # planned for two CTAs per SM, taken where its grid (or the default's) overfills one
             q = planned(WgmmaVariant(dtype, nb, tw, depth, aligned, two, tma=xt), 1)
-            ctas = max(p.ctas, q.ctas) if PEND_TWO_OWN_GRID else p.ctas
+            own = PEND_TWO_OWN_GRID and q.per >= _PEND_TWO_MIN_UNITS
+            ctas = max(p.ctas, q.ctas) if own else p.ctas
             if wgmma_pend((nb, tw, depth), ctas, sm_count, batch_invariant) is not None:
                 chosen_pend, p = two, q
     else:
@@ -216,11 +217,13 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
 
 
 # Whether the 128-token tile's two-CTAs-per-SM PEND variant is also taken where only its own planned grid (more
-# splits) has more CTAs than SMs, not just the default PEND's grid (wgmma_pend). It won on Llama-2-70B o and down
-# at M = 128 (H100 A/B, docs/design.md §wgmma GEMM (gemm_wg)); off until the other layers it changes (Mistral-7B
-# o and down at M = 65..127, the row splits it adds at M = 384 and 1100) are timed and its GPU tests pass on the
-# device: `bash bench/device/run.sh m128_ab` times them with it on.
-PEND_TWO_OWN_GRID = False
+# splits) has more CTAs than SMs, not just the default PEND's grid (wgmma_pend), when each of its splits keeps at
+# least _PEND_TWO_MIN_UNITS 64-k units. H100 A/B at M = 96 and 128 against the default-PEND plans
+# (docs/design.md §wgmma GEMM (gemm_wg)): faster with 28 to 112 units per split (Llama-2-70B down 111.1 -> 102.0
+# us, o 36.5 -> 35.5, Mistral-7B down 32.7 -> 31.8 at M = 96), slower with 8 (Mistral-7B o at M = 96, 8 splits:
+# 14.7 -> 16.8, where the fp32 partials and each CTA's start outweigh the second CTA per SM).
+PEND_TWO_OWN_GRID = True
+_PEND_TWO_MIN_UNITS = 16
 # Whether the wgmma GEMM's 128- and 256-token tiles copy x inside the kernel (producer warps) instead of after an x
 # tile pass: docs/design.md §wgmma GEMM (gemm_wg). Off until measured on the GPU.
 X_PRODUCERS = False

@@ -775,7 +775,8 @@ def _h200_wgmma_splits(M, K, N):
     p = plan_gemm(M, K, N, 128, wgmma=True, resident=264 if shape[2] == 6 else 132, ksplit=1)
     if shape in GEMM_WG_PEND_TWO_PER_SM:
         two = plan_gemm(M, K, N, 128, wgmma=True, resident=264, ksplit=1)
-        if max(math.prod(p.grid), math.prod(two.grid) if plans.PEND_TWO_OWN_GRID else 0) > 132:
+        own = plans.PEND_TWO_OWN_GRID and two.per >= plans._PEND_TWO_MIN_UNITS
+        if max(math.prod(p.grid), math.prod(two.grid) if own else 0) > 132:
             p = two
     return p.splits
 
@@ -1066,6 +1067,11 @@ def test_pend_two_where_its_own_planned_grid_fills_two_ctas_per_sm(monkeypatch, 
     down = plan(128, 28672, 8192)   # Llama-2-70B down: 64 column tiles x 2 splits at the default PEND
     assert (down.pend, down.grid) == ((2, (64, 4, 1)) if own_grid else (None, (64, 2, 1)))
     assert plan(128, 4096, 4096).pend is None          # Mistral-7B o: 128 CTAs either way, one per SM
+    # Mistral-7B at M = 96: down's PEND 2 plan keeps 28 units per split (taken), o's 8 (too short: not taken)
+    assert (plan(96, 14336, 4096).pend, plan(96, 14336, 4096).per) == ((2, 28) if own_grid else (None, 56))
+    assert plan(96, 4096, 4096).pend is None
+    assert plans.plan_gemm_launch(96, 4096, 4096, 128, "float16", jit.ARCHS["90"], 132, lambda v, smem: 2,
+                                  pend=2).per < plans._PEND_TWO_MIN_UNITS   # its PEND 2 plan: 8 splits of 8
     assert plan(128, 8192, 57344).pend == 2            # Llama-2-70B gate_up: 448 CTAs at the default PEND
     assert plan(128, 28672, 8192, batch_invariant=True).pend is None
     assert plan(128, 28672, 8192, pend=3).pend == 3    # a forced PEND is kept

@@ -851,9 +851,10 @@ def test_wgmma_two_ctas_per_sm_variant_gives_the_same_bits(rng):
 
 @pytest.mark.parametrize("kind", ["float16", "bfloat16"])
 def test_matmul_where_the_pend_two_grid_fills_two_ctas_per_sm(rng, kind):
-    """Layers whose default-PEND grid fits the SMs but whose 128-token PEND 2 plan (more splits, two CTAs per SM)
-    does not (plans.PEND_TWO_OWN_GRID): matmul plans that variant and its split-K result matches the reference,
-    with a bias, N % 64 != 0 and M not a multiple of 8, on this device's occupancy."""
+    """Layers whose default-PEND grid fits the SMs but whose 128-token PEND 2 plan (more splits, two CTAs per SM,
+    at least plans._PEND_TWO_MIN_UNITS units per split) does not (plans.PEND_TWO_OWN_GRID): matmul plans that
+    variant and its split-K result matches the reference, with a bias, N % 64 != 0 and M not a multiple of 8, on
+    this device's occupancy."""
     from awq_cupy import launch, plans
 
     if not _has_wgmma():
@@ -861,7 +862,7 @@ def test_matmul_where_the_pend_two_grid_fills_two_ctas_per_sm(rng, kind):
     sms = launch.sm_count(0)
     stream = cp.cuda.get_current_stream().ptr
     seen = 0
-    for K, N, M in ((4096, 4096, 96), (8192, 2080, 125), (14336, 4096, 128)):
+    for K, N, M in ((14336, 4096, 128), (14336, 4000, 77), (8960, 4104, 101)):
         Q, Z, S, G = random_layer(rng, K, N, 128)
         w = _weight(Q, Z, S, G, kind)
         plan = launch.prepare_call(w, M, kind, stream).plan

@@ -120,9 +120,7 @@ for step in "$@"; do
     m128_ab) rc=0   # the 128-token tile's PEND 2 grids that fill two CTAs per SM (plans.wgmma_pend) against the
              # default-PEND grids planned for those layers before (forced: Mistral-7B 4 splits, Llama-2-70B 2), at
              # M = 96 and 128, fp16 and bf16 (AB_DTYPES); the row splits that change with them (M = 384, 1100:
-             # plan against the one 256-token call, fp16). Turns plans.PEND_TWO_OWN_GRID on in the device's copy,
-             # for the steps after it too (gpu_tests then runs the planned PEND 2 grids)
-             sed -i 's/^PEND_TWO_OWN_GRID = False/PEND_TWO_OWN_GRID = True/' awq_cupy/plans.py   # this copy only
+             # plan against the one 256-token call, fp16); results/h100_m128_pend_two_v59.txt has the first run
              for dt in ${AB_DTYPES:-float16 bfloat16}; do
                for mc in mistral-7b:4 llama-2-70b:2; do
                  AB_DTYPE=$dt AB_MODEL=${mc%%:*} AB_CASES=${AB_M128:-o:96:128,down:96:128} timeout 100 \
