@@ -197,7 +197,8 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
         p = planned(WgmmaVariant(dtype, nb, tw, depth, aligned, pend, ks, tma=xt), ksplit)
         two = (wgmma_pend((nb, tw, depth), None, sm_count, batch_invariant)
                if pend is None and p.ksplit == 1 else None)
-        if two is not None:   # planned for two CTAs per SM, taken where its grid (or the default's) overfills one
+        if two is not None:   # planned for two CTAs per SM; taken where the default's grid overfills one CTA per
+            # SM, or (PEND_TWO_OWN_GRID) its own does with at least _PEND_TWO_MIN_UNITS units per split
             q = planned(WgmmaVariant(dtype, nb, tw, depth, aligned, two, tma=xt), 1)
             own = PEND_TWO_OWN_GRID and q.per >= _PEND_TWO_MIN_UNITS
             ctas = max(p.ctas, q.ctas) if own else p.ctas
@@ -224,6 +225,7 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
 # 14.7 -> 16.8, where the fp32 partials and each CTA's start outweigh the second CTA per SM).
 PEND_TWO_OWN_GRID = True
 _PEND_TWO_MIN_UNITS = 16
+
 # Whether the wgmma GEMM's 128- and 256-token tiles copy x inside the kernel (producer warps) instead of after an x
 # tile pass: docs/design.md §wgmma GEMM (gemm_wg). Off until measured on the GPU.
 X_PRODUCERS = False
@@ -936,8 +938,9 @@ def wgmma_pend(shape: tuple[int, int, int], ctas: int | None, sm_count: int,
     """The wgmma GEMM's PEND variant other than the default for ``shape`` (kernels.GEMM_WG_PEND_TWO_PER_SM), or
     None: the shape's two-CTAs-per-SM variant where a grid of ``ctas`` has more CTAs than SMs (None: whether the
     shape has one at all). ``plan_gemm_launch`` asks with the larger of two planned grids, the default PEND's (one
-    CTA per SM) and the two-per-SM variant's, whose split count may fill the second slot of each SM: one CTA per
-    SM keeps the deeper wgmma queue, so the variant is taken only where it runs two. H100 A/B at M = 128
+    CTA per SM) and the two-per-SM variant's, whose split count may fill the second slot of each SM (the latter
+    only where its splits are long enough, ``_PEND_TWO_MIN_UNITS``): one CTA per SM keeps the deeper wgmma queue,
+    so the variant is taken only where it runs two. H100 A/B at M = 128
     (docs/design.md §wgmma GEMM (gemm_wg)): Llama-2-70B down at 4 splits and PEND 2 (256 CTAs) 104.8 us against
     113.1 for 2 splits at the default PEND (128 CTAs), o 35.6 against 36.3. Both PENDs run the same wgmmas in the
     same order (same bits); batch-invariant calls keep the default."""
