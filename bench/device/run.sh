@@ -119,7 +119,7 @@ for step in "$@"; do
                   > "$OUT/sweep.log" 2>&1; rc=$?; tail -5 "$OUT/sweep.log" ;;
     m128_ab) rc=0   # the 128-token tile's PEND 2 grids that fill two CTAs per SM (plans.wgmma_pend) against the
              # default-PEND grids planned for those layers before (forced: Mistral-7B 4 splits, Llama-2-70B 2), at
-             # M = 96 and 128, fp16 and bf16 (AB_DTYPES); the row splits that change with them (M = 384, 1100:
+             # M = 96 and 128, fp16 and bf16 (AB_DTYPES); the row splits whose rest may run them (M = 384, 1100:
              # plan against the one 256-token call, fp16); results/h100_m128_pend_two_v59.txt has the first run
              for dt in ${AB_DTYPES:-float16 bfloat16}; do
                for mc in mistral-7b:4 llama-2-70b:2; do
