@@ -1053,9 +1053,11 @@ def test_pend_two_where_its_own_planned_grid_fills_two_ctas_per_sm(monkeypatch, 
 
     monkeypatch.setattr(plans, "PEND_TWO_OWN_GRID", own_grid)
 
+    def res(v, smem):
+        return 2 if v.token_blocks < 16 or v.pend == 2 else 1
+
     def plan(M, K, N, **kw):
-        return plans.plan_gemm_launch(M, K, N, 128, "float16", jit.ARCHS["90"], 132,
-                                      lambda v, smem: 2 if v.token_blocks < 16 or v.pend == 2 else 1, **kw)
+        return plans.plan_gemm_launch(M, K, N, 128, "float16", jit.ARCHS["90"], 132, res, **kw)
 
     down = plan(128, 28672, 8192)   # Llama-2-70B down: 64 column tiles x 2 splits at the default PEND
     assert (down.pend, down.grid) == ((2, (64, 4, 1)) if own_grid else (None, (64, 2, 1)))
@@ -1070,7 +1072,6 @@ def test_pend_two_where_its_own_planned_grid_fills_two_ctas_per_sm(monkeypatch, 
     assert plan(128, 28672, 8192, pend=3).pend == 3    # a forced PEND is kept
     assert plan(128, 28672, 8192, splits=2).pend is None   # forced splits: the PEND 2 grid is the default's
     # the row split models its rest without it (Mistral-7B down and Llama-2-70B o at M = 384: one call either way)
-    res = lambda v, smem: 2 if v.token_blocks < 16 or v.pend == 2 else 1   # noqa: E731
     for K, N in ((14336, 4096), (8192, 8192)):
         assert plans.row_split(384, K, N, 128, "float16", jit.ARCHS["90"], 132, res) == 0
 
