@@ -15,8 +15,9 @@ if ls .whl/*.whl > /dev/null 2>&1; then   # peers' wheels (bench --contenders hu
 fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,driver_version --format=csv,noheader
 # the GPU tests and memcheck, shared by gpu_tests, sanitize and checks
-run_gpu_tests() { python3 -m pytest -q -n ${PYTEST_WORKERS:-14} -m gpu ${PYTEST_PATHS:-tests} ${PYTEST_ARGS:-} \
-                    > "$OUT/pytest_gpu.log" 2>&1; }
+# --durations: the suite's wall time decides what else fits one call (255 s on the H200, 407-465 s on an H100)
+run_gpu_tests() { python3 -m pytest -q -n ${PYTEST_WORKERS:-14} --durations=15 -m gpu ${PYTEST_PATHS:-tests} \
+                    ${PYTEST_ARGS:-} > "$OUT/pytest_gpu.log" 2>&1; }
 run_memcheck() { compute-sanitizer --tool memcheck --error-exitcode 1 python3 bench/device/sanitize_cases.py \
                    > "$OUT/memcheck.log" 2>&1; }
 summary=()
