@@ -943,10 +943,8 @@ def wgmma_pend(shape: tuple[int, int, int], ctas: int | None, sm_count: int,
     shape has one at all). ``plan_gemm_launch`` asks with the larger of two planned grids, the default PEND's (one
     CTA per SM) and the two-per-SM variant's, whose split count may fill the second slot of each SM (the latter
     only where its splits are long enough, ``_PEND_TWO_MIN_UNITS``): one CTA per SM keeps the deeper wgmma queue,
-    so the variant is taken only where it runs two. H100 A/B at M = 128
-    (docs/design.md §wgmma GEMM (gemm_wg)): Llama-2-70B down at 4 splits and PEND 2 (256 CTAs) 104.8 us against
-    113.1 for 2 splits at the default PEND (128 CTAs), o 35.6 against 36.3. Both PENDs run the same wgmmas in the
-    same order (same bits); batch-invariant calls keep the default."""
+    so the variant is taken only where it runs two (measured at ``PEND_TWO_OWN_GRID``). Both PENDs run the same
+    wgmmas in the same order (same bits); batch-invariant calls keep the default."""
     from .kernels import GEMM_WG_PEND_TWO_PER_SM
 
     two = GEMM_WG_PEND_TWO_PER_SM.get(tuple(shape))

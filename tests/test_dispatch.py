@@ -1063,7 +1063,8 @@ def test_pend_two_where_its_own_planned_grid_fills_two_ctas_per_sm(monkeypatch, 
     assert (down.pend, down.grid) == ((2, (64, 4, 1)) if own_grid else (None, (64, 2, 1)))
     assert plan(128, 4096, 4096).pend is None          # Mistral-7B o: 128 CTAs either way, one per SM
     # Mistral-7B at M = 96: down's PEND 2 plan keeps 28 units per split (taken), o's 8 (too short: not taken)
-    assert (plan(96, 14336, 4096).pend, plan(96, 14336, 4096).per) == ((2, 28) if own_grid else (None, 56))
+    down96 = plan(96, 14336, 4096)
+    assert (down96.pend, down96.per) == ((2, 28) if own_grid else (None, 56))
     assert plan(96, 4096, 4096).pend is None
     assert plans.plan_gemm_launch(96, 4096, 4096, 128, "float16", jit.ARCHS["90"], 132, lambda v, smem: 2,
                                   pend=2).per < plans._PEND_TWO_MIN_UNITS   # its PEND 2 plan: 8 splits of 8
