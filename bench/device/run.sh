@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call of steps, in order: bash bench/device/run.sh decode same_bits gpu_tests sanitize probes examples bench_quick
-# (also: checks, host_tests, bench_peer, bench_full, dispatch_sweep, m128_ab, m512_ab, ks_ab, k2tail_ab, k2tail_check, producers_ab, signal_ab, tma_ab, tma_check)
+# (also: checks, host_tests, bench_peer, bench_full, dispatch_sweep, m128_ab, m512_ab, ks_ab, k2tail_ab, k2tail_check,
+#  producers_ab, signal_ab, tma_ab, tma_check, wide_tail_ab)
 # Logs under $OUT; a short summary at the end. same_bits needs the tree to compare against in .old/ (carry it).
 # gpu_tests runs PYTEST_PATHS (default: tests) with PYTEST_ARGS on PYTEST_WORKERS processes (default 14: the whole
 # suite took 255 s on the H200 host, 16 cores).
@@ -163,6 +164,19 @@ for step in "$@"; do
                   timeout 120 python3 bench/sweeps/token_tiles.py 384 --models llama-2-70b --tiles 256 --trials 2 \
                     > "$OUT/token_tiles_l384.txt" 2>&1 || rc=1
                   tail -14 "$OUT/token_tiles_l384.txt" ;;
+    wide_tail_ab) rc=0   # gate_up's partial last wave at M >= 1024 (docs/design.md §Measured bounds): the plan (one
+                  # launch) against a forced split tail launch (tail=1), which the model times 0.7-2.4% faster there,
+                  # under plans._TAIL_GAIN's 3%; fp16 and bf16, then the tail launch's GPU tests
+                  for dt in float16 bfloat16; do
+                    AB_DTYPE=$dt AB_MODEL=llama-2-70b AB_CASES=${AB_WT_LLAMA:-gate_up:1024:2048:4096} timeout 200 \
+                      python3 bench/sweeps/ab_gemm.py wt_$dt plan tail:tail=1 > "$OUT/ab_wide_tail_llama_$dt.txt" 2>&1 || rc=1
+                    AB_DTYPE=$dt AB_CASES=${AB_WT_MISTRAL:-gate_up:4096} timeout 100 \
+                      python3 bench/sweeps/ab_gemm.py wt_$dt plan tail:tail=1 > "$OUT/ab_wide_tail_mistral_$dt.txt" 2>&1 || rc=1
+                    cat "$OUT/ab_wide_tail_llama_$dt.txt" "$OUT/ab_wide_tail_mistral_$dt.txt"
+                  done
+                  python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_ops_gpu.py -k "tail_launch" \
+                    > "$OUT/pytest_wide_tail.log" 2>&1 || rc=1
+                  tail -2 "$OUT/pytest_wide_tail.log" ;;
     bench_full) python3 -m awq_cupy bench --json "$OUT/bench_full.json" --plot "$OUT/bench_full.png" > "$OUT/bench_full.log" 2>&1; rc=$?
                 grep -A60 "^sum over" "$OUT/bench_full.log" | head -60 ;;
     *) echo "unknown step $step"; rc=2 ;;
