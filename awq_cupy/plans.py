@@ -163,7 +163,8 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
                      depth: int | None = None, pend: int | None = None, reduce_cols: int | None = None,
                      ksplit: int | None = None, tail: bool | None = None,
                      token_tile: int | None = None, producers: bool | None = None,
-                     tma: bool | None = None, pend_own_grid: bool | None = None) -> GemmPlan:
+                     tma: bool | None = None, pend_own_grid: bool | None = None,
+                     tail_gain: float | None = None) -> GemmPlan:
     """The fused GEMM's whole launch plan for M rows, variant included: the wgmma kernel where ``uses_wgmma``
     (or ``wgmma``), its shape for M (``gemm_shape_for``), split-K planned over the CTAs the GPU holds at once
     (``resident(variant, smem)``: CTAs of that kernel one SM holds; batch-invariant calls plan for one
@@ -172,7 +173,8 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
     arguments force a choice (for tuning and probes); ``tail`` and ``token_tile`` as for ``plan_gemm``;
     ``producers``: the x-producer variant (None: wherever the planned shape and PEND have one, ``X_PRODUCERS``);
     ``tma``: the tensor-map variant (None: where ``x_by_tensor_map`` says so and no producers run);
-    ``pend_own_grid``: whether the PEND 2 variant may be taken for its own grid (None: ``PEND_TWO_OWN_GRID``)."""
+    ``pend_own_grid``: whether the PEND 2 variant may be taken for its own grid (None: ``PEND_TWO_OWN_GRID``);
+    ``tail_gain`` as for ``plan_gemm``."""
     from .kernels import GemmVariant, WgmmaVariant, has_producers, has_tma
 
     wg = uses_wgmma(arch, None if batch_invariant else M) if wgmma is None else wgmma
@@ -188,7 +190,8 @@ def plan_gemm_launch(M: int, K: int, N: int, group_size: int, dtype: str, arch, 
     def planned(variant, ks) -> GemmPlan:
         res = sm_count if batch_invariant else resident(variant, variant.smem_bytes) * sm_count
         return plan_gemm(M, K, N, group_size, wgmma=wg, sm_count=sm_count, resident=res, tiles=tw, splits=splits,
-                         batch_invariant=batch_invariant, depth=depth, ksplit=ks, tail=tail, token_tile=8 * nb)
+                         batch_invariant=batch_invariant, depth=depth, ksplit=ks, tail=tail, token_tile=8 * nb,
+                         tail_gain=tail_gain)
 
     chosen_pend = pend
     if wg:
@@ -688,7 +691,8 @@ def gemm_shape_for(M: int, tiles: int | None = None, *, wgmma: bool = False,
 def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, sm_count: int = 132,
               resident: int | None = None, tiles: int | None = None, splits: int | None = None,
               batch_invariant: bool = False, depth: int | None = None, ksplit: int | None = None,
-              tail: bool | None = None, token_tile: int | None = None) -> GemmPlan:
+              tail: bool | None = None, token_tile: int | None = None,
+              tail_gain: float | None = None) -> GemmPlan:
     """Launch plan of the GEMM (wgmma: the sm_90a kernel, else the mma.sync one), with the default PEND variant.
     ``resident`` = CTAs the GPU holds at once (default one per
     SM). Split-K from ``plan_splits`` with the unit-time model unless ``splits`` is given. ``batch_invariant``: the
@@ -699,7 +703,9 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
     where the grid has one (True, for tests and A/B runs); only for the wgmma GEMM with planned splits, with two K
     streams only where forced or with ``_KSPLIT_TMA_TAILS`` (chosen by ksplit=None only in place of a one-stream
     plan that splits K).
-    ``token_tile``: rows per CTA (a token tile of the kernel's table) instead of ``gemm_token_tile``'s."""
+    ``token_tile``: rows per CTA (a token tile of the kernel's table) instead of ``gemm_token_tile``'s.
+    ``tail_gain``: the fraction of the one-launch plan's modelled time a tail must model under to be planned
+    (None: ``_TAIL_GAIN``)."""
     from .kernels import GEMM_WARPS, GemmVariant, WgmmaVariant
     from .layout import padded_sizes
 
@@ -717,7 +723,7 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
         if tail is not False:
             t = plan_gemm(M, K, N, group_size, wgmma=wgmma, sm_count=sm_count, resident=resident, tiles=tiles,
                           splits=splits, batch_invariant=batch_invariant, depth=depth, ksplit=1, tail=tail,
-                          token_tile=token_tile)
+                          token_tile=token_tile, tail_gain=tail_gain)
             # a split tail after whole waves beats two K streams where the model plans one: Mistral-7B qkv at
             # M = 768, 70.3 against 85.5 us (docs/design.md §Split-K reduce)
             if ks == 1 or t.tail is not None:
@@ -727,7 +733,8 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
                 # a two-stream tail only in place of a split plan (_KSPLIT_TMA_TAILS)
                 two = plan_gemm(M, K, N, group_size, wgmma=True, sm_count=sm_count, resident=resident,
                                 tiles=tiles, depth=depth, ksplit=2,
-                                tail=None if tail is None and best.splits > 1 else False, token_tile=token_tile)
+                                tail=None if tail is None and best.splits > 1 else False, token_tile=token_tile,
+                                tail_gain=tail_gain)
                 per_sm = max(1, (sm_count if resident is None else resident) // sm_count)
 
                 def cost(p: GemmPlan) -> float:
@@ -774,16 +781,19 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
     kw = dict(resident=res, M=M, Np=Np, stage_us=_unit_us(nb, tw, wgmma) / ksplit, min_per=2 * ksplit,
               per_sm=res // sm_count, share=share, cols_per_tile=unit)
     t_tail, first, t_splits, t_per = tail_split_cost(KS, n_ctas, m_tiles, **kw)
-    if first == 0 or (tail is None and not t_tail < _TAIL_GAIN * split_cost(KS, n_ctas, m_tiles, **{
+    gain = _TAIL_GAIN if tail_gain is None else tail_gain
+    if first == 0 or (tail is None and not t_tail < gain * split_cost(KS, n_ctas, m_tiles, **{
             k: v for k, v in kw.items() if k != "cols_per_tile"})[0]):
         return plan
     return dataclasses.replace(plan, grid=(first, 1, m_tiles), splits=1, per=KS,
                                tail=TailSplit(n_ctas - first, t_splits, t_per))
 
 
-# A tail launch is planned only where it is modelled at least this much faster than the one-launch plan: its
-# partial-sum and second-start terms are rough, and a near tie is not worth the changed sums.
-_TAIL_GAIN = 0.97
+# A tail launch is planned only where it is modelled at least 2% faster than the one-launch plan. The model is
+# about 1-2 points optimistic for tails (H100 A/B over ten grids, docs/design.md §Split-K reduce): the four it
+# gave 2.4-2.9% all measured faster (0.5-6%), the six it gave 0.5-1.8% from 1.1% slower to 1.4% faster, and a
+# near tie is not worth the changed sums.
+_TAIL_GAIN = 0.98
 # Token tiles of at least this many blocks of 8 (128 rows): the smaller tiles' grids were not measured with a tail
 _TAIL_MIN_NB = 16
 # A second GEMM launch behind the first (PDL overlaps its start with the first's last CTAs)
@@ -828,6 +838,10 @@ def tail_split_cost(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, 
 # the second call's x tile pass and launch gaps, and the remainder's small grids, which the model underestimates
 # (H200 sweep over both benchmark models, M = 257..1536, bench/sweeps/token_tiles.py; docs/design.md §Row split).
 _ROW_SPLIT_GAIN = 0.9
+# That sweep modelled the one call with the tails planned then, at 3% modelled gain. Tails between that and
+# _TAIL_GAIN would tip calls the sweep found faster split (Mistral-7B gate_up at M = 1100: the two calls 406.8 us
+# against 440.2 for the one call, whose tail measured 2.7% faster), so the comparison keeps its fitted tails.
+_ROW_SPLIT_TAIL_GAIN = 0.97
 
 
 def gemm_modelled_us(plan: GemmPlan, M: int, K: int, N: int, dtype: str, sm_count: int,
@@ -868,7 +882,8 @@ def row_split(M: int, K: int, N: int, group_size: int, dtype: str, arch, sm_coun
     def cost(m: int) -> float:   # PEND 2 for its own grid left out: the model times those grids several percent
         # faster than measured (Mistral-7B down at M = 128: 5.5% against 0.6%), which would flip splits the sweep
         # checked; where the rest does take it, it runs no slower than modelled here
-        p = plan_gemm_launch(m, K, N, group_size, dtype, arch, sm_count, resident, pend_own_grid=False)
+        p = plan_gemm_launch(m, K, N, group_size, dtype, arch, sm_count, resident, pend_own_grid=False,
+                             tail_gain=_ROW_SPLIT_TAIL_GAIN)
         return gemm_modelled_us(p, m, K, N, dtype, sm_count, resident)
 
     return rows if cost(rows) + cost(M - rows) < _ROW_SPLIT_GAIN * cost(M) else 0

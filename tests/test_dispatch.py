@@ -873,7 +873,7 @@ def test_plan_gemm_batch_invariant_split_ignores_m(wgmma):
 # Mistral-7B qkv at M = 1024 runs two K streams instead (test_two_k_streams_with_the_tensor_map_where_measured_faster).
 _TAILS = {("mistral-7b", "gate_up", 4096, 28672, 512): (198, 2),
           ("llama-2-70b", "gate_up", 8192, 57344, 256): (396, 2), ("llama-2-70b", "qkv", 8192, 10240, 512): (66, 4),
-          ("llama-2-70b", "qkv", 8192, 10240, 1024): (66, 2),
+          ("llama-2-70b", "qkv", 8192, 10240, 1024): (66, 2), ("llama-2-70b", "gate_up", 8192, 57344, 2048): (445, 5),
           ("llama-2-70b", "qkv", 8192, 10240, 256): (132, 4)}   # two K streams' tail (_KSPLIT_TMA_TAILS)
 
 
@@ -894,6 +894,45 @@ def test_plan_gemm_tail_where_the_last_wave_is_partial():
                     assert got == _TAILS.get((model, name, K, N, M)), (model, name, M, p)
                     assert p.tail is None or p.reduce_cols in (2, 4, 8)   # the tail's reduce is planned
                     assert plan_gemm(M, K, N, 128, wgmma=True, tail=False).tail is None
+
+
+# Grids the tail launch was timed on against the one launch (H100 A/B, fp16 and bf16; docs/design.md §Split-K
+# reduce): (model, layer, M) -> whether the tail measured faster in both dtypes. The planner must agree with each.
+_TAIL_MEASURED = {("llama-2-70b", "gate_up", 2048): True, ("llama-2-70b", "qkv", 1536): True,
+                  ("llama-2-70b", "down", 768): True, ("mistral-7b", "gate_up", 1100): True,
+                  ("mistral-7b", "gate_up", 4096): False, ("llama-2-70b", "down", 3072): False}
+
+
+def test_plan_gemm_tail_agrees_with_the_measured_grids():
+    from awq_cupy.bench import MODELS
+    from awq_cupy.plans import plan_gemm_launch
+
+    def resident(variant, smem):
+        return 2 if variant.token_blocks < 16 or variant.pend == 2 else 1
+
+    for (model, name, M), faster in _TAIL_MEASURED.items():
+        K, N = next((K, N) for n, K, N in MODELS[model] if n == name)
+        for dtype in ("float16", "bfloat16"):
+            p = plan_gemm_launch(M, K, N, 128, dtype, jit.ARCHS["90"], 132, resident)
+            assert (p.tail is not None) == faster, (model, name, M, dtype, p)
+
+
+def test_row_split_models_the_one_call_with_its_fitted_tails():
+    """row_split weighs the one call with the tails planned when its margin was fitted (3% modelled gain), not the
+    ones planned at _TAIL_GAIN since: Mistral-7B gate_up at M = 1100 plans a tail modelled 2.8% faster, and the
+    two calls (1024 rows, then 76) measured faster than the one call with or without it."""
+    from awq_cupy.plans import _ROW_SPLIT_TAIL_GAIN, _TAIL_GAIN, plan_gemm_launch, row_split
+
+    def resident(variant, smem):
+        return 2 if variant.token_blocks < 16 or variant.pend == 2 else 1
+
+    arch = jit.ARCHS["90"]
+    assert _TAIL_GAIN > _ROW_SPLIT_TAIL_GAIN
+    assert plan_gemm_launch(1100, 4096, 28672, 128, "float16", arch, 132, resident).tail is not None
+    assert plan_gemm_launch(1100, 4096, 28672, 128, "float16", arch, 132, resident,
+                            tail_gain=_ROW_SPLIT_TAIL_GAIN).tail is None
+    assert row_split(1100, 4096, 28672, 128, "float16", arch, 132, resident) == 1024
+    assert row_split(1797, 8192, 57344, 128, "float16", arch, 132, resident) == 1792   # then the GEMV's 5 rows
 
 
 def test_plan_gemm_tail_only_where_it_applies():
