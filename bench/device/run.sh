@@ -164,14 +164,15 @@ for step in "$@"; do
                   timeout 120 python3 bench/sweeps/token_tiles.py 384 --models llama-2-70b --tiles 256 --trials 2 \
                     > "$OUT/token_tiles_l384.txt" 2>&1 || rc=1
                   tail -14 "$OUT/token_tiles_l384.txt" ;;
-    wide_tail_ab) rc=0   # the split tail launch where the model gives it 0.5-3% (docs/design.md §Measured bounds): the
-                  # plan against the one launch (tail=0) and a forced tail (tail=1) on the grids whose plan the tail
-                  # threshold (plans._TAIL_GAIN) decides; fp16 and bf16, then the tail launch's GPU tests
+    wide_tail_ab) rc=0   # the split tail launch on grids the model gives it 2-3% (plans._TAIL_GAIN; docs/design.md
+                  # §Split-K reduce): the plan against the one launch (tail=0) and a forced tail (tail=1); by default
+                  # the planned tails not yet timed (results/h100_wide_tail_ab_v64.txt has the first ten grids) and
+                  # Llama-2-70B gate_up at 2048; fp16 and bf16, then the tail launch's GPU tests
                   for dt in float16 bfloat16; do
-                    AB_DTYPE=$dt AB_MODEL=llama-2-70b AB_CASES=${AB_WT_LLAMA:-gate_up:1024:1536:2048:4096,qkv:1536,down:768:3072} \
+                    AB_DTYPE=$dt AB_MODEL=llama-2-70b AB_CASES=${AB_WT_LLAMA:-gate_up:2048,qkv:3584} \
                       timeout 240 python3 bench/sweeps/ab_gemm.py wt_$dt plan one:tail=0 tail:tail=1 \
                       > "$OUT/ab_wide_tail_llama_$dt.txt" 2>&1 || rc=1
-                    AB_DTYPE=$dt AB_CASES=${AB_WT_MISTRAL:-qkv:1536,gate_up:1100:3072:4096} timeout 120 \
+                    AB_DTYPE=$dt AB_CASES=${AB_WT_MISTRAL:-gate_up:1280:2304:3328,down:3840} timeout 120 \
                       python3 bench/sweeps/ab_gemm.py wt_$dt plan one:tail=0 tail:tail=1 \
                       > "$OUT/ab_wide_tail_mistral_$dt.txt" 2>&1 || rc=1
                     cat "$OUT/ab_wide_tail_llama_$dt.txt" "$OUT/ab_wide_tail_mistral_$dt.txt"
