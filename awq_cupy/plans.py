@@ -711,6 +711,8 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
 
     if M < 1:
         raise ValueError(f"M={M}: the GEMM needs at least one row")
+    if tail_gain is not None and not 0.0 < tail_gain <= 1.0:
+        raise ValueError(f"tail_gain={tail_gain}: a fraction of the one-launch plan's time, in (0, 1]")
     nb, tw, depth = gemm_shape_for(M, tiles, wgmma=wgmma, depth=depth, token_tile=token_tile)
     token_tile = 8 * nb
     tail = None if tail is None else bool(tail)   # (A/B runs pass 0 or 1)

@@ -933,6 +933,9 @@ def test_row_split_models_the_one_call_with_its_fitted_tails():
                             tail_gain=_ROW_SPLIT_TAIL_GAIN).tail is None
     assert row_split(1100, 4096, 28672, 128, "float16", arch, 132, resident) == 1024
     assert row_split(1797, 8192, 57344, 128, "float16", arch, 132, resident) == 1792   # then the GEMV's 5 rows
+    for bad in (0.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match="tail_gain"):
+            plan_gemm_launch(1100, 4096, 28672, 128, "float16", arch, 132, resident, tail_gain=bad)
 
 
 def test_plan_gemm_tail_only_where_it_applies():
