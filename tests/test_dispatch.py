@@ -868,6 +868,12 @@ def test_plan_gemm_batch_invariant_split_ignores_m(wgmma):
     assert len({(p.splits, p.per) for p in plans.values()}) == 1
 
 
+def h200_resident(variant, smem):
+    """CTAs of ``variant`` one H200 SM holds: two of the 128-token tile's PEND 2 variant and of the smaller
+    tiles, else one."""
+    return 2 if variant.token_blocks < 16 or variant.pend == 2 else 1
+
+
 # Grids the tail launch is planned for (H200, 132 SMs, one 256-token CTA per SM): a remainder of column tiles past
 # whole waves that splits into one wave. (model, layer, K, N, M): (first tail column tile, tail splits)
 # Mistral-7B qkv at M = 1024 runs two K streams instead (test_two_k_streams_with_the_tensor_map_where_measured_faster).
@@ -882,14 +888,11 @@ def test_plan_gemm_tail_where_the_last_wave_is_partial():
     from awq_cupy.bench import MODELS
     from awq_cupy.plans import plan_gemm_launch
 
-    def resident(variant, smem):   # the H200's: the 128-token tile's PEND 2 variant and the smaller tiles two per SM
-        return 2 if variant.token_blocks < 16 or variant.pend == 2 else 1
-
     for model, layers in MODELS.items():
         for name, K, N in layers:
             for M in (64, 128, 256, 512, 1024, 2048, 4096):
                 for dtype in ("float16", "bfloat16"):
-                    p = plan_gemm_launch(M, K, N, 128, dtype, jit.ARCHS["90a"], 132, resident, wgmma=True)
+                    p = plan_gemm_launch(M, K, N, 128, dtype, jit.ARCHS["90a"], 132, h200_resident, wgmma=True)
                     got = (p.grid[0], p.tail.splits) if p.tail is not None else None
                     assert got == _TAILS.get((model, name, K, N, M)), (model, name, M, p)
                     assert p.tail is None or p.reduce_cols in (2, 4, 8)   # the tail's reduce is planned
@@ -907,13 +910,10 @@ def test_plan_gemm_tail_agrees_with_the_measured_grids():
     from awq_cupy.bench import MODELS
     from awq_cupy.plans import plan_gemm_launch
 
-    def resident(variant, smem):
-        return 2 if variant.token_blocks < 16 or variant.pend == 2 else 1
-
     for (model, name, M), faster in _TAIL_MEASURED.items():
         K, N = next((K, N) for n, K, N in MODELS[model] if n == name)
         for dtype in ("float16", "bfloat16"):
-            p = plan_gemm_launch(M, K, N, 128, dtype, jit.ARCHS["90"], 132, resident)
+            p = plan_gemm_launch(M, K, N, 128, dtype, jit.ARCHS["90"], 132, h200_resident)
             assert (p.tail is not None) == faster, (model, name, M, dtype, p)
 
 
@@ -923,19 +923,16 @@ def test_row_split_models_the_one_call_with_its_fitted_tails():
     two calls (1024 rows, then 76) measured faster than the one call with or without it."""
     from awq_cupy.plans import _ROW_SPLIT_TAIL_GAIN, _TAIL_GAIN, plan_gemm_launch, row_split
 
-    def resident(variant, smem):
-        return 2 if variant.token_blocks < 16 or variant.pend == 2 else 1
-
     arch = jit.ARCHS["90"]
     assert _TAIL_GAIN > _ROW_SPLIT_TAIL_GAIN
-    assert plan_gemm_launch(1100, 4096, 28672, 128, "float16", arch, 132, resident).tail is not None
-    assert plan_gemm_launch(1100, 4096, 28672, 128, "float16", arch, 132, resident,
+    assert plan_gemm_launch(1100, 4096, 28672, 128, "float16", arch, 132, h200_resident).tail is not None
+    assert plan_gemm_launch(1100, 4096, 28672, 128, "float16", arch, 132, h200_resident,
                             tail_gain=_ROW_SPLIT_TAIL_GAIN).tail is None
-    assert row_split(1100, 4096, 28672, 128, "float16", arch, 132, resident) == 1024
-    assert row_split(1797, 8192, 57344, 128, "float16", arch, 132, resident) == 1792   # then the GEMV's 5 rows
+    assert row_split(1100, 4096, 28672, 128, "float16", arch, 132, h200_resident) == 1024
+    assert row_split(1797, 8192, 57344, 128, "float16", arch, 132, h200_resident) == 1792   # then the GEMV's 5 rows
     for bad in (0.0, -0.5, 1.5):
         with pytest.raises(ValueError, match="tail_gain"):
-            plan_gemm_launch(1100, 4096, 28672, 128, "float16", arch, 132, resident, tail_gain=bad)
+            plan_gemm_launch(1100, 4096, 28672, 128, "float16", arch, 132, h200_resident, tail_gain=bad)
 
 
 def test_plan_gemm_tail_only_where_it_applies():
@@ -997,8 +994,8 @@ def test_tail_split_cost_models_whole_waves_then_one_split_wave():
     assert tail_split_cost(128, 100, 1, **kw)[1] == 0       # less than one
 
 
-# Benchmark layers whose M rows matmul runs as two calls (plans.row_split) on the H200 (132 SMs, resident as in
-# the tail test), over M values past whole 256-token tiles: the model's choices the sweep of
+# Benchmark layers whose M rows matmul runs as two calls (plans.row_split) on the H200 (132 SMs, h200_resident),
+# over M values past whole 256-token tiles: the model's choices the sweep of
 # bench/sweeps/token_tiles.py was checked against (docs/design.md §Row split). Mistral-7B qkv at 640 runs one call
 # with a split tail instead (67.0 us, against 70.1 for the row split: h200_tail_vs_ksplit_v47.txt)
 _ROW_SPLITS = {("mistral-7b", "qkv"): (257, 300, 320, 384), ("mistral-7b", "o"): (640, 1100),
@@ -1013,22 +1010,19 @@ def test_row_split_where_the_last_token_tile_is_mostly_padding():
     from awq_cupy.bench import MODELS
     from awq_cupy.plans import row_split
 
-    def resident(variant, smem):
-        return 2 if variant.token_blocks < 16 or variant.pend == 2 else 1
-
     arch = jit.ARCHS["90"]
     for model, layers in MODELS.items():
         for name, K, N in layers:
             for dtype in ("float16", "bfloat16"):
                 got = tuple(M for M in (257, 300, 320, 384, 448, 640, 768, 1100, 1280, 1536)
-                            if row_split(M, K, N, 128, dtype, arch, 132, resident))
+                            if row_split(M, K, N, 128, dtype, arch, 132, h200_resident))
                 assert got == _ROW_SPLITS[(model, name)], (model, name, dtype)
-            assert row_split(300, K, N, 128, "float16", arch, 132, resident) in (0, 256)
-            assert row_split(1100, K, N, 128, "float16", arch, 132, resident) in (0, 1024)
+            assert row_split(300, K, N, 128, "float16", arch, 132, h200_resident) in (0, 256)
+            assert row_split(1100, K, N, 128, "float16", arch, 132, h200_resident) in (0, 1024)
             for M in (16, 200, 256, 512, 4096):   # one token tile or whole ones: nothing to split off
-                assert row_split(M, K, N, 128, "float16", arch, 132, resident) == 0
+                assert row_split(M, K, N, 128, "float16", arch, 132, h200_resident) == 0
             # no wgmma GEMM (sm_80; or only past its largest tile): one call
-            assert row_split(300, K, N, 128, "float16", jit.ARCHS["80"], 108, resident) == 0
+            assert row_split(300, K, N, 128, "float16", jit.ARCHS["80"], 108, h200_resident) == 0
 
 
 def test_split_cost_bounds_co_resident_ctas_by_their_tensor_work():
