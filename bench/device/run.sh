@@ -7,8 +7,8 @@
 # suite took 255 s on the H200 host, 16 cores).
 # Wheels in .whl/ (carry it) are installed for the run: the peers of bench_peer (humming-kernels).
 cd "$(dirname "$0")/../.." || exit 1   # the repo root: the paths below and .old/ are relative to it
-# CARD=H200: run nothing (exit 3) unless the GPU's name contains it. A request for nvidia-h200 may get an H100, and
-# a start costs far less device time than the steps, so a short budget can probe for the card without spending it.
+# CARD=H200: run nothing (exit 3) unless the GPU's name contains it. A request for nvidia-h200 may get an H100; a
+# call that finds another card this way cost about 30 s of device time, against minutes for the steps.
 if [ -n "${CARD:-}" ]; then
   gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   case $gpu in *"$CARD"*) ;; *) echo "CARD=$CARD, but this GPU is $gpu: nothing run"; exit 3 ;; esac
