@@ -5,7 +5,8 @@ launch.run_gemm arguments (a depth outside the shape table is added to it; pend 
 template argument, any of 1..3 here; reduce_cols the split-K reduce kernel's columns per thread, 2, 4 or 8;
 ksplit=2 two K streams per CTA; producers=0 or 1 the 128- and 256-token tiles' variant without or with x producer
 warps; tma=0 or 1 their variant with the x tile pass or reading x through a tensor map);
-tile=T makes every M take the token tile T (plans.gemm_token_tile patched); notilex=1 skips the x tile pass (timing
+tile=T makes every M take the token tile T (plans.gemm_token_tile patched); tailsplits=S (with tail=1) splits the
+tail launch's K exactly S ways (plans.split_cost patched inside plans.tail_split_cost); notilex=1 skips the x tile pass (timing
 only: the GEMM reads the tiles an earlier run of the case left, so put it after a normal run). The gemm_wg family is
 narrowed to the variants the runs need, so it compiles in seconds.
 AB_DTYPE=bfloat16 runs bf16 activations and weights (default float16).
@@ -60,12 +61,37 @@ def run_gemm_without_tile_x(x, w, bias, y, M, kind, arch, sms, batch_invariant, 
         one.fire()
 
 
+split_cost, tail_split_cost = plans.split_cost, plans.tail_split_cost
+
+
+def tail_split_cost_with(splits):
+    """plans.tail_split_cost whose tail launch splits K exactly ``splits`` ways (its time stays the model's for
+    the model's own split count; a forced tail=1 plan does not compare it)."""
+    def forced(K_stages, n_ctas, m_tiles, **kw):
+        t, _, _ = split_cost(K_stages, n_ctas, m_tiles, **kw)
+        per = -(-K_stages // splits)
+        return t, -(-K_stages // per), per
+
+    def tail(*args, **kw):
+        plans.split_cost = forced
+        try:
+            return tail_split_cost.__wrapped__(*args, **kw)   # uncached: the patched split_cost must be seen
+        finally:
+            plans.split_cost = split_cost
+    return tail
+
+
 def use_tile(kw):
-    """Patch plans.gemm_token_tile for a run with tile=T; returns the launch kwargs without tile and notilex, and
-    the run function (launch.run_gemm, or the version without the x tile pass for notilex=1)."""
+    """Patch plans.gemm_token_tile for a run with tile=T and plans.tail_split_cost for tailsplits=S; returns the
+    launch kwargs without tile, tailsplits and notilex, and the run function (launch.run_gemm, or the version
+    without the x tile pass for notilex=1)."""
     kw = dict(kw)
     t = kw.pop("tile", None)
     plans.gemm_token_tile = token_tile if t is None else (lambda M, wgmma=False: t)
+    s = kw.pop("tailsplits", None)
+    if s is not None and (s < 2 or kw.get("tail") != 1):
+        raise SystemExit(f"tailsplits={s}: 2 or more, with tail=1")
+    plans.tail_split_cost = tail_split_cost if s is None else tail_split_cost_with(s)
     return kw, (run_gemm_without_tile_x if kw.pop("notilex", 0) else launch.run_gemm)
 
 
