@@ -110,8 +110,8 @@ for _, kw in runs:
     if "depth" in kw:
         for M in sorted({m for ms in CASES.values() for m in ms}):
             nb, tw, _ = plans.gemm_shape_for(M, kw.get("tiles"), wgmma=True)
-            if (nb, tw, kw.depth) not in kernels.GEMM_WG_SHAPES:
-                kernels.GEMM_WG_SHAPES += ((nb, tw, kw.depth),)
+            if (nb, tw, kw["depth"]) not in kernels.GEMM_WG_SHAPES:
+                kernels.GEMM_WG_SHAPES += ((nb, tw, kw["depth"]),)
 for _, kw in runs:
     kw, _ = use_tile(kw)
     for M in sorted({m for ms in CASES.values() for m in ms}):
