@@ -281,6 +281,24 @@ _STAGE_US, _PARTIAL_TBPS, _REDUCE_US, _SHARE = 1.75, 4.0, 4.0, 0.3
 # wgmma: a unit's floor, the 256-token tile's unit with one block per warp (as the dispatch row's fused_unit_us),
 # the co-residence share
 _WG_UNIT_US, _WG_UNIT_US_256, _WG_SHARE = 0.5, 0.78, 0.1
+# Two CTAs per SM (the 128-token tile's PEND 2 variant) on a grid of more than one wave keep the SM busy: a pair
+# shares the tensor cores (``tensor_us``), and a CTA alone on its SM in the last round runs a unit in _PAIR_LONE
+# of a pair's time. Fitted to Llama-2-70B gate_up at M = 128 (448 column tiles on 264 slots) with its last 184
+# tiles split 2, 3, 4, 5 and 7 ways in a tail launch (H200, fp16 and bf16; docs/design.md §Split-K reduce): with
+# it the model ranks the five and the one launch as measured, each within 3% of its time.
+_PAIR_LONE = 0.55
+
+
+def pair_sm_terms(token_blocks: int, tiles: int, ksplit: int, per_sm: int, stage_us: float,
+                  share: float) -> dict:
+    """``split_cost``'s ``tensor_us`` and ``lone_us`` for the wgmma GEMM of that shape at ``per_sm`` CTAs per SM
+    (``stage_us`` and ``share`` as passed to it): the tensor cores' share of a unit, and a lone CTA's unit at
+    ``_PAIR_LONE`` of a pair's; {} for one CTA per SM."""
+    if per_sm < 2:
+        return {}
+    tensor = _WG_UNIT_US_256 * token_blocks * tiles / 32 / ksplit
+    pair = max(stage_us * (1 + share * (per_sm - 1)), tensor * per_sm)
+    return dict(tensor_us=tensor, lone_us=_PAIR_LONE * pair)
 
 
 def plan_splits(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: int = 1, Np: int = 64,
@@ -297,11 +315,14 @@ def plan_splits(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: i
 @functools.lru_cache(maxsize=4096)
 def split_cost(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: int = 1, Np: int = 64,
                stage_us: float = _STAGE_US, min_per: int = _MIN_STAGES_PER_SPLIT,
-               per_sm: int = 1, share: float = _SHARE, tensor_us: float = 0.0) -> tuple[float, int, int]:
+               per_sm: int = 1, share: float = _SHARE, tensor_us: float = 0.0,
+               lone_us: float = 0.0) -> tuple[float, int, int]:
     """(modelled us, splits, stages per split) of ``plan_splits``' choice. ``tensor_us``: the unit's tensor-core
     time, which k CTAs sharing an SM cannot overlap (a unit then takes at least k x ``tensor_us``); 0 leaves it out,
-    as the split planners do. Memoised: the search over split counts costs tens of microseconds of host time, and
-    ``matmul`` asks for the same shapes call after call."""
+    as the split planners do. ``lone_us``: a unit's time for a CTA alone on its SM where ``per_sm`` > 1 (the grid's
+    last round after whole waves, or a grid of at most one CTA per SM; ``pair_sm_terms``); 0: the co-residence
+    model's. Memoised: the search over split counts costs tens of microseconds of host time, and ``matmul`` asks
+    for the same shapes call after call."""
     base = n_ctas * m_tiles
     per_sm = max(1, per_sm)
     sms = max(1, resident // per_sm)
@@ -312,9 +333,14 @@ def split_cost(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: in
         ctas = base * real
         k = -(-ctas // sms)                     # CTAs the busiest SM runs over the whole grid
         if k <= per_sm:                         # all resident at once, k of them sharing that SM
-            t = per * max(stage_us * (1 + share * (k - 1)), tensor_us * k)
+            t = per * (lone_us if k == 1 and lone_us else max(stage_us * (1 + share * (k - 1)), tensor_us * k))
         else:                                   # waves of full SMs
-            t = -(-ctas // resident) * per * max(stage_us * (1 + share * (per_sm - 1)), tensor_us * per_sm)
+            unit = max(stage_us * (1 + share * (per_sm - 1)), tensor_us * per_sm)
+            waves, last = divmod(ctas, resident)
+            if lone_us and 0 < last <= sms:     # a last round of one CTA per SM
+                t = per * (waves * unit + lone_us)
+            else:
+                t = -(-ctas // resident) * per * unit
         if real > 1:
             t += real * M * Np * 8 / (_PARTIAL_TBPS * 1e6) + _REDUCE_US
         if best is None or t < best[0] - 1e-9:
@@ -782,6 +808,8 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
     unit = 16 * GEMM_WARPS // ksplit * tw     # channels per column tile
     kw = dict(resident=res, M=M, Np=Np, stage_us=_unit_us(nb, tw, wgmma) / ksplit, min_per=2 * ksplit,
               per_sm=res // sm_count, share=share, cols_per_tile=unit)
+    if wgmma:   # two CTAs per SM: the tensor cores shared, a lone CTA faster (_PAIR_LONE)
+        kw.update(pair_sm_terms(nb, tw, ksplit, res // sm_count, kw["stage_us"], share))
     t_tail, first, t_splits, t_per = tail_split_cost(KS, n_ctas, m_tiles, **kw)
     gain = _TAIL_GAIN if tail_gain is None else tail_gain
     if first == 0 or (tail is None and not t_tail < gain * split_cost(KS, n_ctas, m_tiles, **{
@@ -805,13 +833,15 @@ _TAIL_LAUNCH_US = 1.0
 @functools.lru_cache(maxsize=4096)
 def tail_split_cost(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: int, Np: int, stage_us: float,
                     min_per: int, per_sm: int, share: float, cols_per_tile: int,
-                    tensor_us: float = 0.0, first: int | None = None) -> tuple[float, int, int, int]:
+                    tensor_us: float = 0.0, lone_us: float = 0.0,
+                    first: int | None = None) -> tuple[float, int, int, int]:
     """(modelled us, first tail column tile, tail splits, units per tail split) of the fused GEMM run as whole waves
     of unsplit column tiles, then the other column tiles split K ways in a second launch (the split and its
     partials and reduce modelled by ``split_cost`` over those tiles' columns). Grids that are one wave or less, or
     whose remainder does not split, give ``first`` = 0 (no tail plan). The wave count of the first launch is
-    searched too: one wave fewer can leave a tail that splits better. ``tensor_us`` as for ``split_cost``;
-    ``first``: the time of a plan whose tail starts at that column tile (no search; its split as modelled)."""
+    searched too: one wave fewer can leave a tail that splits better. ``tensor_us`` and ``lone_us`` as for
+    ``split_cost``; ``first``: the time of a plan whose tail starts at that column tile (no search; its split as
+    modelled)."""
     per_sm = max(1, per_sm)
     tiles = n_ctas * m_tiles
     full = tiles // resident
@@ -825,7 +855,7 @@ def tail_split_cost(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, 
         cols = min(Np - first * cols_per_tile, (n_ctas - first) * cols_per_tile)
         t, splits, per = split_cost(K_stages, n_ctas - first, m_tiles, resident=resident, M=M, Np=cols,
                                     stage_us=stage_us, min_per=min_per, per_sm=per_sm, share=share,
-                                    tensor_us=tensor_us)
+                                    tensor_us=tensor_us, lone_us=lone_us)
         if splits < 2 and search:
             continue
         t += main + _TAIL_LAUNCH_US
@@ -862,6 +892,8 @@ def gemm_modelled_us(plan: GemmPlan, M: int, K: int, N: int, dtype: str, sm_coun
     # CTAs sharing an SM (the 128-token tile's PEND 2 variant) share its tensor cores: without this bound the model
     # times that variant's grids ~1.5x too fast (docs/design.md §Row split)
     kw["tensor_us"] = _WG_UNIT_US_256 * plan.token_blocks * plan.tiles / 32 / plan.ksplit if plan.wgmma else 0.0
+    if plan.wgmma:   # and a lone CTA's unit (_PAIR_LONE)
+        kw.update(pair_sm_terms(plan.token_blocks, plan.tiles, plan.ksplit, per_sm, kw["stage_us"], kw["share"]))
     if plan.tail is None:
         return split_cost(Kp // 64, plan.grid[0], plan.grid[2], **kw)[0]
     return tail_split_cost(Kp // 64, plan.grid[0] + plan.tail.ctas, plan.grid[2], first=plan.grid[0],

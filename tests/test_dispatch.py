@@ -880,7 +880,8 @@ def h200_resident(variant, smem):
 _TAILS = {("mistral-7b", "gate_up", 4096, 28672, 512): (198, 2),
           ("llama-2-70b", "gate_up", 8192, 57344, 256): (396, 2), ("llama-2-70b", "qkv", 8192, 10240, 512): (66, 4),
           ("llama-2-70b", "qkv", 8192, 10240, 1024): (66, 2), ("llama-2-70b", "gate_up", 8192, 57344, 2048): (445, 5),
-          ("llama-2-70b", "qkv", 8192, 10240, 256): (132, 4)}   # two K streams' tail (_KSPLIT_TMA_TAILS)
+          ("llama-2-70b", "qkv", 8192, 10240, 256): (132, 4),   # two K streams' tail (_KSPLIT_TMA_TAILS)
+          ("llama-2-70b", "gate_up", 8192, 57344, 128): (264, 2)}   # two CTAs per SM (pair_sm_terms)
 
 
 def test_plan_gemm_tail_where_the_last_wave_is_partial():
@@ -980,6 +981,29 @@ def test_two_k_streams_take_a_tail_where_forced_or_in_place_of_splits(monkeypatc
     for K, N, M in ((14336, 4096, 768), (8192, 10240, 256)):   # back to their split plans
         r = plan_gemm(M, K, N, 128, wgmma=True, resident=132)
         assert r.tail is None and r.splits > 1, r
+
+
+def test_pair_grid_tail_models_a_lone_last_round():
+    """Two CTAs per SM (the 128-token tile's PEND 2) beyond one wave: pairs at the tensor cores' bound, a last
+    round of one CTA per SM at plans._PAIR_LONE of a pair's unit. Llama-2-70B gate_up at M = 128: the one launch is
+    two rounds of pairs (448 tiles on 264 slots); the planned tail splits the last 184 tiles two ways, 368 CTAs: a
+    round of pairs, then 104 alone."""
+    from awq_cupy.plans import _PAIR_LONE, pair_sm_terms, split_cost, tail_split_cost
+
+    terms = pair_sm_terms(16, 1, 1, 2, 0.5, 0.1)
+    assert terms == pytest.approx(dict(tensor_us=0.39, lone_us=_PAIR_LONE * 0.78))
+    assert pair_sm_terms(32, 1, 1, 1, 0.78, 0.1) == {}    # one CTA per SM: the co-residence model as it was
+    kw = dict(resident=264, M=128, Np=57344, stage_us=0.5, min_per=2, per_sm=2, share=0.1, **terms)
+    assert split_cost(128, 448, 1, **kw)[0] == pytest.approx(2 * 128 * 0.78)
+    t, first, splits, per = tail_split_cost(128, 448, 1, cols_per_tile=128, **kw)
+    assert (first, splits, per) == (264, 2, 64)
+    partials = 2 * 128 * (184 * 128) * 8 / 4e6
+    assert t == pytest.approx((128 + 64) * 0.78 + 64 * _PAIR_LONE * 0.78 + partials + 4.0 + 1.0)
+    # measured (H200, bf16 and fp16 alike): 194.1 against 202.0 us; 3, 4, 5, 7 splits 205.6, 201.4, 204.2, 215.5
+    assert t < 0.98 * split_cost(128, 448, 1, **kw)[0]
+    # a grid of one CTA per SM runs at the lone rate too; without lone_us the co-residence model's
+    assert split_cost(128, 100, 1, **kw)[0] == pytest.approx(128 * _PAIR_LONE * 0.78)
+    assert split_cost(128, 100, 1, **dict(kw, lone_us=0.0))[0] == pytest.approx(128 * 0.5)
 
 
 def test_tail_split_cost_models_whole_waves_then_one_split_wave():

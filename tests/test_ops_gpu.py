@@ -562,6 +562,33 @@ def test_gemm_tail_launch_against_reference(rng, K, N, G, ksplit, kind, tma):
 
 
 @pytest.mark.parametrize("kind", ["float16", "bfloat16"])
+def test_matmul_pair_grid_tail_against_reference(rng, kind):
+    """The 128-token tile at two CTAs per SM (PEND 2) on more column tiles than one wave of pairs holds: matmul
+    plans whole waves and a split tail launch (plans.pair_sm_terms) at M = 100 (a partial token tile) and 128, N %
+    16 = 8; close to the reference with a bias, and the unsplit columns bitwise those of the one-launch plan."""
+    from awq_cupy import launch, plans
+
+    if not _has_wgmma():
+        pytest.skip("the wgmma GEMM needs compute capability 9.0")
+    K, N = 4096, 36872   # 289 column tiles of 128: 264 in one wave of pairs, then 25
+    Q, Z, S, G = random_layer(rng, K, N, 128)
+    w = _weight(Q, Z, S, G, kind)
+    W64 = kernel_weight(Q, Z, S, G, kind)
+    bias = (rng.standard_normal(N) * 0.1).astype(np_dtype(kind))
+    for M in (100, 128):
+        p = launch.prepare_call(w, M, kind, cp.cuda.get_current_stream().ptr).plan
+        if not (isinstance(p, plans.GemmPlan) and p.pend is not None and p.tail is not None):
+            pytest.skip(f"no two-per-SM tail planned on this GPU ({launch.sm_count(w.device)} SMs) at M={M}: {p}")
+        assert p.grid[0] == 2 * launch.sm_count(w.device) and p.tail.splits >= 2, p
+        x = random_x(rng, M, K, kind)
+        y = _run(x, w, bias)
+        assert_matmul_close(y, x, W64, kind, bias=bias, what=f"pair tail M={M} {kind} {p}")
+        n0 = 16 * p.tail_block0
+        one = _gemm(x, w, None, 1, bias, True, tail=False, pend=p.pend)
+        np.testing.assert_array_equal(y[:, :n0].view(np.uint16), one[:, :n0].view(np.uint16), err_msg=str(p))
+
+
+@pytest.mark.parametrize("kind", ["float16", "bfloat16"])
 def test_matmul_row_split_against_reference(rng, kind):
     """M rows past whole 256-token tiles as two calls (plans.RowSplit): 256 + 1 rows (the rest on the GEMV), 256 +
     44 (a 64-token tile) and 512 + 8, N % 16 = 8, with a bias: close to the reference, bitwise the two calls on the

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call of steps, in order: bash bench/device/run.sh decode same_bits gpu_tests sanitize probes examples bench_quick
 # (also: checks, host_tests, bench_peer, bench_full, dispatch_sweep, m128_ab, m512_ab, ks_ab, k2tail_ab, k2tail_check,
-#  producers_ab, signal_ab, tma_ab, tma_check, wide_tail_ab, m128_tail_ab)
+#  producers_ab, signal_ab, tma_ab, tma_check, wide_tail_ab, m128_tail_ab, pair_tail_check)
 # Logs under $OUT; a short summary at the end. same_bits needs the tree to compare against in .old/ (carry it).
 # gpu_tests runs PYTEST_PATHS (default: tests) with PYTEST_ARGS on PYTEST_WORKERS processes (default 14: the whole
 # suite took 255 s on the H200 host, 16 cores).
@@ -140,8 +140,8 @@ for step in "$@"; do
                > "$OUT/token_tiles_m128.txt" 2>&1 || rc=1
              cat "$OUT/token_tiles_m128.txt" ;;
     m128_tail_ab) rc=0   # Llama-2-70B gate_up at M = 128 (448 CTAs on 264 two-per-SM slots; the peer leads that bf16
-                  # cell): the one launch against one wave and the other 184 column tiles in a tail launch split K
-                  # exactly 2, 3, 4, 5, 7 ways (ab_gemm.py tailsplits=; the model plans none); fp16 and bf16
+                  # cell): the plan (since v66 one wave and the other 184 column tiles in a tail launch split K two
+                  # ways) against that tail split exactly 2, 3, 4, 5, 7 ways (ab_gemm.py tailsplits=); fp16 and bf16
                   for dt in ${AB_DTYPES:-float16 bfloat16}; do
                     AB_DTYPE=$dt AB_MODEL=llama-2-70b AB_CASES=${AB_M128_TAIL:-gate_up:128} timeout 200 \
                       python3 bench/sweeps/ab_gemm.py m128t_$dt plan t2:tail=1,tailsplits=2 t3:tail=1,tailsplits=3 \
@@ -149,6 +149,21 @@ for step in "$@"; do
                       > "$OUT/ab_m128_tail_$dt.txt" 2>&1 || rc=1
                     cat "$OUT/ab_m128_tail_$dt.txt"
                   done ;;
+    pair_tail_check) # two CTAs per SM ending in a planned tail (plans.pair_sm_terms): its GPU tests and the tail
+                     # launch's, memcheck of its case beside them, then Llama-2-70B at M = 128 (gate_up plans it)
+                     # against cuBLAS fp16 and the peer, fp16 and bf16
+      compute-sanitizer --tool memcheck --error-exitcode 1 python3 bench/device/sanitize_cases.py pair_tail \
+        > "$OUT/memcheck_pair_tail.log" 2>&1 & san=$!
+      python3 -m pytest -q -n 8 -m gpu tests/test_ops_gpu.py -k "pair_grid_tail or tail_launch" \
+        > "$OUT/pytest_pair_tail.log" 2>&1; rc=$?
+      wait $san || rc=1
+      tail -2 "$OUT/pytest_pair_tail.log"; tail -2 "$OUT/memcheck_pair_tail.log"
+      for dt in float16 bfloat16; do
+        python3 -m awq_cupy bench --no-decode --models llama-2-70b --m 128 --dtype $dt \
+          --contenders awq_cupy cublas_fp16 ${PEERS:-humming} --trials ${PEER_TRIALS:-2} \
+          --json "$OUT/bench_m128_$dt.json" > "$OUT/bench_m128_$dt.log" 2>&1 || rc=1
+        grep "M=  128" "$OUT/bench_m128_$dt.log"
+      done ;;
     m512_ab) rc=0   # Mistral-7B at M = 512 and 1024 (the misses of docs/design.md §Measured bounds): the plan against two
              # K streams per CTA and the 128-token tile (two CTAs per SM), with the x tile pass and the tensor map
              AB_CASES=${AB_M512:-qkv:512:1024,o:512:1024,gate_up:512,down:512:1024} timeout 240 python3 \

@@ -2,8 +2,10 @@
 
     compute-sanitizer --tool memcheck  --error-exitcode 1 python3 bench/device/sanitize_cases.py
     compute-sanitizer --tool racecheck --error-exitcode 1 python3 bench/device/sanitize_cases.py
+    compute-sanitizer --tool memcheck  --error-exitcode 1 python3 bench/device/sanitize_cases.py pair_tail   # one case
 """
 import itertools
+import sys
 
 import numpy as np
 import cupy as cp
@@ -14,6 +16,7 @@ from awq_cupy.jit import arch_of_device
 from awq_cupy.kernels import GEMM_SHAPES, GEMM_WG_SHAPES
 
 rng = np.random.default_rng(0)
+ONLY = sys.argv[1:]   # "pair_tail": that case alone (a quick check of the newest launch shape)
 
 
 def gemm_tensors(K, N, G):
@@ -23,6 +26,29 @@ def gemm_tensors(K, N, G):
     S = rng.uniform(0.01, 0.02, (K // G, N)).astype(np.float16)
     return {k: cp.asarray(v) for k, v in formats.pack(Q, Z, S, "gemm", G).items()}
 
+
+def pair_tail():
+    """The wgmma GEMM at two CTAs per SM (the 128-token tile's PEND 2) as matmul plans it: one wave of pairs (264
+    column tiles), then the other 9 split K ways in a tail launch; a partial token tile, N % 16 = 8."""
+    K, N = 1024, 34824
+    t = gemm_tensors(K, N, 128)
+    for kind in ("float16", "bfloat16"):
+        w = awq_cupy.QuantizedWeight.from_gemm(t["qweight"], t["qzeros"], t["scales"], 128, dtype=kind)
+        dt = np.float16 if kind == "float16" else awq_cupy.dtypes.numpy_dtype("bfloat16")
+        pc = launch.prepare_call(w, 100, kind, cp.cuda.get_current_stream().ptr)
+        assert pc.plan.pend is not None and pc.plan.tail is not None, pc.plan
+        x = cp.asarray(rng.standard_normal((100, K)).astype(np.float32).astype(dt))
+        awq_cupy.matmul(x, w, bias=cp.asarray(rng.standard_normal(N).astype(np.float32).astype(dt)))
+
+
+if ONLY:
+    if ONLY != ["pair_tail"]:
+        raise SystemExit(f"sanitize_cases.py {' '.join(ONLY)}: the one case that runs alone is pair_tail")
+    if not plans.has_wgmma(arch_of_device(0)):
+        raise SystemExit("pair_tail: the wgmma GEMM needs compute capability 9.0")
+    pair_tail()
+    print("sanitize cases done: pair_tail")
+    raise SystemExit(0)
 
 for K, N, G, kinds in [(24, 8, -1, ("float16", "bfloat16")), (96, 72, 32, ("float16", "bfloat16")),
                        (328, 136, -1, ("float16",)), (1024, 520, 128, ("float16", "bfloat16")),
@@ -86,6 +112,8 @@ if plans.has_wgmma(arch_of_device(0)):
                     y = cp.empty((M, N), dtype=x.dtype)
                     launch.run_gemm(x, w, bias, y, M, kind, arch_of_device(w.device), launch.sm_count(w.device),
                                      False, wgmma=True, tail=True, tma=xt, ksplit=ksplit)
+if plans.has_wgmma(arch_of_device(0)):
+    pair_tail()
 # Every wgmma GEMM shape over three token tiles, the last 5 rows (its token tile forced), and matmul's row split
 # (plans.RowSplit: whole 256-token tiles, then the rest as its own call: the GEMV for 1 and 8 rows, a 64-token tile
 # for 44), N % 16 = 8, with a bias
