@@ -285,8 +285,11 @@ _WG_UNIT_US, _WG_UNIT_US_256, _WG_SHARE = 0.5, 0.78, 0.1
 # shares the tensor cores (``tensor_us``), and a CTA alone on its SM in the last round runs a unit in _PAIR_LONE
 # of a pair's time. Fitted to Llama-2-70B gate_up at M = 128 (448 column tiles on 264 slots) with its last 184
 # tiles split 2, 3, 4, 5 and 7 ways in a tail launch (H200, fp16 and bf16; docs/design.md §Split-K reduce): with
-# it the model ranks the five and the one launch as measured, each within 3% of its time.
+# it the model ranks the five and the one launch as measured, each within 3% of its time. PAIR_TAILS: whether the
+# planners use these terms (they then plan that grid's two-way tail, measured 3-4% faster on that layer); off until
+# the plans they make have passed their GPU tests and memcheck (bench/device/run.sh pair_tail_check).
 _PAIR_LONE = 0.55
+PAIR_TAILS = False
 
 
 def pair_sm_terms(token_blocks: int, tiles: int, ksplit: int, per_sm: int, stage_us: float,
@@ -808,7 +811,7 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
     unit = 16 * GEMM_WARPS // ksplit * tw     # channels per column tile
     kw = dict(resident=res, M=M, Np=Np, stage_us=_unit_us(nb, tw, wgmma) / ksplit, min_per=2 * ksplit,
               per_sm=res // sm_count, share=share, cols_per_tile=unit)
-    if wgmma:   # two CTAs per SM: the tensor cores shared, a lone CTA faster (_PAIR_LONE)
+    if wgmma and PAIR_TAILS:   # two CTAs per SM: the tensor cores shared, a lone CTA faster (_PAIR_LONE)
         kw.update(pair_sm_terms(nb, tw, ksplit, res // sm_count, kw["stage_us"], share))
     t_tail, first, t_splits, t_per = tail_split_cost(KS, n_ctas, m_tiles, **kw)
     gain = _TAIL_GAIN if tail_gain is None else tail_gain
@@ -892,7 +895,7 @@ def gemm_modelled_us(plan: GemmPlan, M: int, K: int, N: int, dtype: str, sm_coun
     # CTAs sharing an SM (the 128-token tile's PEND 2 variant) share its tensor cores: without this bound the model
     # times that variant's grids ~1.5x too fast (docs/design.md §Row split)
     kw["tensor_us"] = _WG_UNIT_US_256 * plan.token_blocks * plan.tiles / 32 / plan.ksplit if plan.wgmma else 0.0
-    if plan.wgmma:   # and a lone CTA's unit (_PAIR_LONE)
+    if plan.wgmma and PAIR_TAILS:   # and a lone CTA's unit (_PAIR_LONE)
         kw.update(pair_sm_terms(plan.token_blocks, plan.tiles, plan.ksplit, per_sm, kw["stage_us"], kw["share"]))
     if plan.tail is None:
         return split_cost(Kp // 64, plan.grid[0], plan.grid[2], **kw)[0]

@@ -562,12 +562,14 @@ def test_gemm_tail_launch_against_reference(rng, K, N, G, ksplit, kind, tma):
 
 
 @pytest.mark.parametrize("kind", ["float16", "bfloat16"])
-def test_matmul_pair_grid_tail_against_reference(rng, kind):
+def test_matmul_pair_grid_tail_against_reference(rng, kind, monkeypatch):
     """The 128-token tile at two CTAs per SM (PEND 2) on more column tiles than one wave of pairs holds: matmul
-    plans whole waves and a split tail launch (plans.pair_sm_terms) at M = 100 (a partial token tile) and 128, N %
-    16 = 8; close to the reference with a bias, and the unsplit columns bitwise those of the one-launch plan."""
+    plans whole waves and a split tail launch (plans.pair_sm_terms, with plans.PAIR_TAILS on) at M = 100 (a partial
+    token tile) and 128, N % 16 = 8; close to the reference with a bias, and the unsplit columns bitwise those of
+    the one-launch plan."""
     from awq_cupy import launch, plans
 
+    monkeypatch.setattr(plans, "PAIR_TAILS", True)
     if not _has_wgmma():
         pytest.skip("the wgmma GEMM needs compute capability 9.0")
     K, N = 4096, 36872   # 289 column tiles of 128: 264 in one wave of pairs, then 25

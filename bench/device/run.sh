@@ -140,8 +140,8 @@ for step in "$@"; do
                > "$OUT/token_tiles_m128.txt" 2>&1 || rc=1
              cat "$OUT/token_tiles_m128.txt" ;;
     m128_tail_ab) rc=0   # Llama-2-70B gate_up at M = 128 (448 CTAs on 264 two-per-SM slots; the peer leads that bf16
-                  # cell): the plan (since v66 one wave and the other 184 column tiles in a tail launch split K two
-                  # ways) against that tail split exactly 2, 3, 4, 5, 7 ways (ab_gemm.py tailsplits=); fp16 and bf16
+                  # cell): the plan (with plans.PAIR_TAILS on, one wave and the other 184 column tiles in a tail launch
+                  # split K two ways) against that tail split exactly 2, 3, 4, 5, 7 ways (ab_gemm.py tailsplits=)
                   for dt in ${AB_DTYPES:-float16 bfloat16}; do
                     AB_DTYPE=$dt AB_MODEL=llama-2-70b AB_CASES=${AB_M128_TAIL:-gate_up:128} timeout 200 \
                       python3 bench/sweeps/ab_gemm.py m128t_$dt plan t2:tail=1,tailsplits=2 t3:tail=1,tailsplits=3 \
@@ -149,9 +149,9 @@ for step in "$@"; do
                       > "$OUT/ab_m128_tail_$dt.txt" 2>&1 || rc=1
                     cat "$OUT/ab_m128_tail_$dt.txt"
                   done ;;
-    pair_tail_check) # two CTAs per SM ending in a planned tail (plans.pair_sm_terms): its GPU tests and the tail
-                     # launch's, memcheck of its case beside them, then Llama-2-70B at M = 128 (gate_up plans it)
-                     # against cuBLAS fp16 and the peer, fp16 and bf16
+    pair_tail_check) # two CTAs per SM ending in a planned tail (plans.pair_sm_terms; run it with plans.PAIR_TAILS
+                     # = True in the tree): its GPU tests and the tail launch's, memcheck of its case beside them,
+                     # then Llama-2-70B at M = 128 (gate_up plans it) against cuBLAS fp16 and the peer, fp16 and bf16
       compute-sanitizer --tool memcheck --error-exitcode 1 python3 bench/device/sanitize_cases.py pair_tail \
         > "$OUT/memcheck_pair_tail.log" 2>&1 & san=$!
       python3 -m pytest -q -n 8 -m gpu tests/test_ops_gpu.py -k "pair_grid_tail or tail_launch" \

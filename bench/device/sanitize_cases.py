@@ -29,7 +29,9 @@ def gemm_tensors(K, N, G):
 
 def pair_tail():
     """The wgmma GEMM at two CTAs per SM (the 128-token tile's PEND 2) as matmul plans it: one wave of pairs (264
-    column tiles), then the other 9 split K ways in a tail launch; a partial token tile, N % 16 = 8."""
+    column tiles), then the other 9 split K ways in a tail launch (plans.PAIR_TAILS on for it); a partial token
+    tile, N % 16 = 8."""
+    was, plans.PAIR_TAILS = plans.PAIR_TAILS, True
     K, N = 1024, 34824
     t = gemm_tensors(K, N, 128)
     for kind in ("float16", "bfloat16"):
@@ -39,6 +41,7 @@ def pair_tail():
         assert pc.plan.pend is not None and pc.plan.tail is not None, pc.plan
         x = cp.asarray(rng.standard_normal((100, K)).astype(np.float32).astype(dt))
         awq_cupy.matmul(x, w, bias=cp.asarray(rng.standard_normal(N).astype(np.float32).astype(dt)))
+    plans.PAIR_TAILS = was
 
 
 if ONLY:
