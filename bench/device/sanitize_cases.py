@@ -32,16 +32,18 @@ def pair_tail():
     column tiles), then the other 9 split K ways in a tail launch (plans.PAIR_TAILS on for it); a partial token
     tile, N % 16 = 8."""
     was, plans.PAIR_TAILS = plans.PAIR_TAILS, True
-    K, N = 1024, 34824
-    t = gemm_tensors(K, N, 128)
-    for kind in ("float16", "bfloat16"):
-        w = awq_cupy.QuantizedWeight.from_gemm(t["qweight"], t["qzeros"], t["scales"], 128, dtype=kind)
-        dt = np.float16 if kind == "float16" else awq_cupy.dtypes.numpy_dtype("bfloat16")
-        pc = launch.prepare_call(w, 100, kind, cp.cuda.get_current_stream().ptr)
-        assert pc.plan.pend is not None and pc.plan.tail is not None, pc.plan
-        x = cp.asarray(rng.standard_normal((100, K)).astype(np.float32).astype(dt))
-        awq_cupy.matmul(x, w, bias=cp.asarray(rng.standard_normal(N).astype(np.float32).astype(dt)))
-    plans.PAIR_TAILS = was
+    try:
+        K, N = 1024, 34824
+        t = gemm_tensors(K, N, 128)
+        for kind in ("float16", "bfloat16"):
+            w = awq_cupy.QuantizedWeight.from_gemm(t["qweight"], t["qzeros"], t["scales"], 128, dtype=kind)
+            dt = np.float16 if kind == "float16" else awq_cupy.dtypes.numpy_dtype("bfloat16")
+            pc = launch.prepare_call(w, 100, kind, cp.cuda.get_current_stream().ptr)
+            assert pc.plan.pend is not None and pc.plan.tail is not None, pc.plan
+            x = cp.asarray(rng.standard_normal((100, K)).astype(np.float32).astype(dt))
+            awq_cupy.matmul(x, w, bias=cp.asarray(rng.standard_normal(N).astype(np.float32).astype(dt)))
+    finally:
+        plans.PAIR_TAILS = was
 
 
 if ONLY:
