@@ -292,16 +292,19 @@ _PAIR_LONE = 0.55
 PAIR_TAILS = False
 
 
-def pair_sm_terms(token_blocks: int, tiles: int, ksplit: int, per_sm: int, stage_us: float,
-                  share: float) -> dict:
-    """``split_cost``'s ``tensor_us`` and ``lone_us`` for the wgmma GEMM of that shape at ``per_sm`` CTAs per SM
-    (``stage_us`` and ``share`` as passed to it): the tensor cores' share of a unit, and a lone CTA's unit at
-    ``_PAIR_LONE`` of a pair's; {} for one CTA per SM."""
-    if per_sm < 2:
+def _wg_tensor_us(token_blocks: int, tiles: int) -> float:
+    """The wgmma GEMM's tensor work per 64-k unit of one CTA: 0.78 us for the 256-token tile with one block per
+    warp, in proportion to tokens x blocks per warp."""
+    return _WG_UNIT_US_256 * token_blocks * tiles / 32
+
+
+def pair_sm_terms(token_blocks: int, tiles: int, ksplit: int, per_sm: int) -> dict:
+    """``split_cost``'s ``tensor_us`` and ``lone`` for the wgmma GEMM of that shape at ``per_sm`` CTAs per SM where
+    ``PAIR_TAILS`` is on: the tensor cores' share of a unit, and a lone CTA's unit as ``_PAIR_LONE`` of a full
+    SM's; {} for one CTA per SM or with the switch off."""
+    if not PAIR_TAILS or per_sm < 2:
         return {}
-    tensor = _WG_UNIT_US_256 * token_blocks * tiles / 32 / ksplit
-    pair = max(stage_us * (1 + share * (per_sm - 1)), tensor * per_sm)
-    return dict(tensor_us=tensor, lone_us=_PAIR_LONE * pair)
+    return dict(tensor_us=_wg_tensor_us(token_blocks, tiles) / ksplit, lone=_PAIR_LONE)
 
 
 def plan_splits(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: int = 1, Np: int = 64,
@@ -319,16 +322,18 @@ def plan_splits(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: i
 def split_cost(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: int = 1, Np: int = 64,
                stage_us: float = _STAGE_US, min_per: int = _MIN_STAGES_PER_SPLIT,
                per_sm: int = 1, share: float = _SHARE, tensor_us: float = 0.0,
-               lone_us: float = 0.0) -> tuple[float, int, int]:
+               lone: float = 0.0) -> tuple[float, int, int]:
     """(modelled us, splits, stages per split) of ``plan_splits``' choice. ``tensor_us``: the unit's tensor-core
     time, which k CTAs sharing an SM cannot overlap (a unit then takes at least k x ``tensor_us``); 0 leaves it out,
-    as the split planners do. ``lone_us``: a unit's time for a CTA alone on its SM where ``per_sm`` > 1 (the grid's
-    last round after whole waves, or a grid of at most one CTA per SM; ``pair_sm_terms``); 0: the co-residence
-    model's. Memoised: the search over split counts costs tens of microseconds of host time, and ``matmul`` asks
+    as the split planners do. ``lone``: where ``per_sm`` > 1, a unit's time for a CTA alone on its SM (the grid's
+    last round after whole waves, or a grid of at most one CTA per SM) as a fraction of a unit's on a full SM
+    (``pair_sm_terms``); 0: the co-residence model's. Memoised: the search over split counts costs tens of microseconds of host time, and ``matmul`` asks
     for the same shapes call after call."""
     base = n_ctas * m_tiles
     per_sm = max(1, per_sm)
     sms = max(1, resident // per_sm)
+    full_sm = max(stage_us * (1 + share * (per_sm - 1)), tensor_us * per_sm)   # a unit's time, per_sm CTAs sharing
+    lone_us = lone * full_sm if per_sm > 1 else 0.0
     best = None
     for splits in range(1, max(1, K_stages // min_per) + 1):
         per = -(-K_stages // splits)
@@ -338,12 +343,11 @@ def split_cost(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: in
         if k <= per_sm:                         # all resident at once, k of them sharing that SM
             t = per * (lone_us if k == 1 and lone_us else max(stage_us * (1 + share * (k - 1)), tensor_us * k))
         else:                                   # waves of full SMs
-            unit = max(stage_us * (1 + share * (per_sm - 1)), tensor_us * per_sm)
             waves, last = divmod(ctas, resident)
             if lone_us and 0 < last <= sms:     # a last round of one CTA per SM
-                t = per * (waves * unit + lone_us)
+                t = per * (waves * full_sm + lone_us)
             else:
-                t = -(-ctas // resident) * per * unit
+                t = -(-ctas // resident) * per * full_sm
         if real > 1:
             t += real * M * Np * 8 / (_PARTIAL_TBPS * 1e6) + _REDUCE_US
         if best is None or t < best[0] - 1e-9:
@@ -665,7 +669,7 @@ def _unit_us(token_blocks: int, tiles: int, wgmma: bool) -> float:
     stream (8 warps x tiles x 512 B at ~27 GB/s per SM) and its tensor work (2 x 128 tiles channels x 8 token blocks
     tokens x 64 k at the measured ~2.5 TFLOP/s per SM), plus a fixed ~0.1 us (barrier, first latency)."""
     if wgmma:
-        return max(_WG_UNIT_US, _WG_UNIT_US_256 * token_blocks * tiles / 32)
+        return max(_WG_UNIT_US, _wg_tensor_us(token_blocks, tiles))
     mem = 8 * tiles * 512 / 27e3
     flops = 2 * 128 * tiles * 8 * token_blocks * 64
     return max(mem, flops / 2.5e6) + 0.1
@@ -811,8 +815,8 @@ def plan_gemm(M: int, K: int, N: int, group_size: int, *, wgmma: bool = False, s
     unit = 16 * GEMM_WARPS // ksplit * tw     # channels per column tile
     kw = dict(resident=res, M=M, Np=Np, stage_us=_unit_us(nb, tw, wgmma) / ksplit, min_per=2 * ksplit,
               per_sm=res // sm_count, share=share, cols_per_tile=unit)
-    if wgmma and PAIR_TAILS:   # two CTAs per SM: the tensor cores shared, a lone CTA faster (_PAIR_LONE)
-        kw.update(pair_sm_terms(nb, tw, ksplit, res // sm_count, kw["stage_us"], share))
+    if wgmma:   # two CTAs per SM: the tensor cores shared, a lone CTA faster (PAIR_TAILS)
+        kw.update(pair_sm_terms(nb, tw, ksplit, res // sm_count))
     t_tail, first, t_splits, t_per = tail_split_cost(KS, n_ctas, m_tiles, **kw)
     gain = _TAIL_GAIN if tail_gain is None else tail_gain
     if first == 0 or (tail is None and not t_tail < gain * split_cost(KS, n_ctas, m_tiles, **{
@@ -836,13 +840,13 @@ _TAIL_LAUNCH_US = 1.0
 @functools.lru_cache(maxsize=4096)
 def tail_split_cost(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: int, Np: int, stage_us: float,
                     min_per: int, per_sm: int, share: float, cols_per_tile: int,
-                    tensor_us: float = 0.0, lone_us: float = 0.0,
+                    tensor_us: float = 0.0, lone: float = 0.0,
                     first: int | None = None) -> tuple[float, int, int, int]:
     """(modelled us, first tail column tile, tail splits, units per tail split) of the fused GEMM run as whole waves
     of unsplit column tiles, then the other column tiles split K ways in a second launch (the split and its
     partials and reduce modelled by ``split_cost`` over those tiles' columns). Grids that are one wave or less, or
     whose remainder does not split, give ``first`` = 0 (no tail plan). The wave count of the first launch is
-    searched too: one wave fewer can leave a tail that splits better. ``tensor_us`` and ``lone_us`` as for
+    searched too: one wave fewer can leave a tail that splits better. ``tensor_us`` and ``lone`` as for
     ``split_cost``; ``first``: the time of a plan whose tail starts at that column tile (no search; its split as
     modelled)."""
     per_sm = max(1, per_sm)
@@ -858,7 +862,7 @@ def tail_split_cost(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, 
         cols = min(Np - first * cols_per_tile, (n_ctas - first) * cols_per_tile)
         t, splits, per = split_cost(K_stages, n_ctas - first, m_tiles, resident=resident, M=M, Np=cols,
                                     stage_us=stage_us, min_per=min_per, per_sm=per_sm, share=share,
-                                    tensor_us=tensor_us, lone_us=lone_us)
+                                    tensor_us=tensor_us, lone=lone)
         if splits < 2 and search:
             continue
         t += main + _TAIL_LAUNCH_US
@@ -894,9 +898,9 @@ def gemm_modelled_us(plan: GemmPlan, M: int, K: int, N: int, dtype: str, sm_coun
               share=_WG_SHARE if plan.wgmma else _SHARE)
     # CTAs sharing an SM (the 128-token tile's PEND 2 variant) share its tensor cores: without this bound the model
     # times that variant's grids ~1.5x too fast (docs/design.md §Row split)
-    kw["tensor_us"] = _WG_UNIT_US_256 * plan.token_blocks * plan.tiles / 32 / plan.ksplit if plan.wgmma else 0.0
-    if plan.wgmma and PAIR_TAILS:   # and a lone CTA's unit (_PAIR_LONE)
-        kw.update(pair_sm_terms(plan.token_blocks, plan.tiles, plan.ksplit, per_sm, kw["stage_us"], kw["share"]))
+    kw["tensor_us"] = _wg_tensor_us(plan.token_blocks, plan.tiles) / plan.ksplit if plan.wgmma else 0.0
+    if plan.wgmma:   # and a lone CTA's unit (PAIR_TAILS)
+        kw.update(pair_sm_terms(plan.token_blocks, plan.tiles, plan.ksplit, per_sm))
     if plan.tail is None:
         return split_cost(Kp // 64, plan.grid[0], plan.grid[2], **kw)[0]
     return tail_split_cost(Kp // 64, plan.grid[0] + plan.tail.ctas, plan.grid[2], first=plan.grid[0],

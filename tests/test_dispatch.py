@@ -1007,9 +1007,12 @@ def test_pair_grid_tail_models_a_lone_last_round(monkeypatch):
                         ok = got is not None and (got[1], got[2]) == want if want else got is None
                         assert ok, (model, name, M, p)
 
-    terms = pair_sm_terms(16, 1, 1, 2, 0.5, 0.1)
-    assert terms == pytest.approx(dict(tensor_us=0.39, lone_us=_PAIR_LONE * 0.78))
-    assert pair_sm_terms(32, 1, 1, 1, 0.78, 0.1) == {}    # one CTA per SM: the co-residence model as it was
+    terms = pair_sm_terms(16, 1, 1, 2)
+    assert terms == pytest.approx(dict(tensor_us=0.39, lone=_PAIR_LONE))
+    assert pair_sm_terms(32, 1, 1, 1) == {}    # one CTA per SM: the co-residence model as it was
+    with monkeypatch.context() as m:
+        m.setattr(plans, "PAIR_TAILS", False)
+        assert pair_sm_terms(16, 1, 1, 2) == {}
     kw = dict(resident=264, M=128, Np=57344, stage_us=0.5, min_per=2, per_sm=2, share=0.1, **terms)
     assert split_cost(128, 448, 1, **kw)[0] == pytest.approx(2 * 128 * 0.78)
     t, first, splits, per = tail_split_cost(128, 448, 1, cols_per_tile=128, **kw)
@@ -1018,9 +1021,11 @@ def test_pair_grid_tail_models_a_lone_last_round(monkeypatch):
     assert t == pytest.approx((128 + 64) * 0.78 + 64 * _PAIR_LONE * 0.78 + partials + 4.0 + 1.0)
     # measured (H200, bf16 and fp16 alike): 194.1 against 202.0 us; 3, 4, 5, 7 splits 205.6, 201.4, 204.2, 215.5
     assert t < 0.98 * split_cost(128, 448, 1, **kw)[0]
-    # a grid of one CTA per SM runs at the lone rate too; without lone_us the co-residence model's
+    # a grid of one CTA per SM runs at the lone rate too (0.55 of a full SM's 0.78 us); without lone the
+    # co-residence model's
     assert split_cost(128, 100, 1, **kw)[0] == pytest.approx(128 * _PAIR_LONE * 0.78)
-    assert split_cost(128, 100, 1, **dict(kw, lone_us=0.0))[0] == pytest.approx(128 * 0.5)
+    assert split_cost(128, 100, 1, **dict(kw, lone=0.0))[0] == pytest.approx(128 * 0.5)
+    assert split_cost(128, 100, 1, **dict(kw, per_sm=1, resident=132))[0] == pytest.approx(128 * 0.5)   # no pairs
 
 
 def test_tail_split_cost_models_whole_waves_then_one_split_wave():
