@@ -286,10 +286,10 @@ _WG_UNIT_US, _WG_UNIT_US_256, _WG_SHARE = 0.5, 0.78, 0.1
 # of a pair's time. Fitted to Llama-2-70B gate_up at M = 128 (448 column tiles on 264 slots) with its last 184
 # tiles split 2, 3, 4, 5 and 7 ways in a tail launch (H200, fp16 and bf16; docs/design.md §Split-K reduce): with
 # it the model ranks the five splits as measured, each within 3% of its measured time. PAIR_TAILS: whether the
-# planners use these terms (they then plan that grid's two-way tail, measured 3-4% faster on that layer); off until
-# the plans they make have passed their GPU tests and memcheck (bench/device/run.sh pair_tail_check).
+# planners use these terms; with them they plan that grid's two-way tail (3-4% faster on that layer, its GPU tests
+# and memcheck in bench/device/run.sh pair_tail_check). Off, the planners price pairs as before (an A/B switch).
 _PAIR_LONE = 0.55
-PAIR_TAILS = False
+PAIR_TAILS = True
 
 
 def _wg_tensor_us(token_blocks: int, tiles: int) -> float:

@@ -880,7 +880,8 @@ def h200_resident(variant, smem):
 _TAILS = {("mistral-7b", "gate_up", 4096, 28672, 512): (198, 2),
           ("llama-2-70b", "gate_up", 8192, 57344, 256): (396, 2), ("llama-2-70b", "qkv", 8192, 10240, 512): (66, 4),
           ("llama-2-70b", "qkv", 8192, 10240, 1024): (66, 2), ("llama-2-70b", "gate_up", 8192, 57344, 2048): (445, 5),
-          ("llama-2-70b", "qkv", 8192, 10240, 256): (132, 4)}   # two K streams' tail (_KSPLIT_TMA_TAILS)
+          ("llama-2-70b", "qkv", 8192, 10240, 256): (132, 4),   # two K streams' tail (_KSPLIT_TMA_TAILS)
+          ("llama-2-70b", "gate_up", 8192, 57344, 128): (264, 2)}   # pairs, then a lone last round (PAIR_TAILS)
 
 
 def test_plan_gemm_tail_where_the_last_wave_is_partial():
@@ -986,14 +987,16 @@ def test_pair_grid_tail_models_a_lone_last_round(monkeypatch):
     """Two CTAs per SM (the 128-token tile's PEND 2) beyond one wave: pairs at the tensor cores' bound, a last
     round of one CTA per SM at plans._PAIR_LONE of a pair's unit. Llama-2-70B gate_up at M = 128: the one launch is
     two rounds of pairs (448 tiles on 264 slots); the planned tail splits the last 184 tiles two ways, 368 CTAs: a
-    round of pairs, then 104 alone. Planned only with plans.PAIR_TAILS on, and then on no other benchmark layer or
-    M of the tail test's list."""
+    round of pairs, then 104 alone. Planned only with plans.PAIR_TAILS on (the default), and then on no other
+    benchmark layer or M of the tail test's list than _TAILS has."""
     from awq_cupy.bench import MODELS
     from awq_cupy.plans import _PAIR_LONE, pair_sm_terms, plan_gemm_launch, split_cost, tail_split_cost
 
     arch = jit.ARCHS["90"]
-    assert plan_gemm_launch(128, 8192, 57344, 128, "bfloat16", arch, 132, h200_resident).tail is None
-    monkeypatch.setattr(plans, "PAIR_TAILS", True)
+    assert plans.PAIR_TAILS
+    with monkeypatch.context() as m:   # the switch off: the one launch, as the co-residence model priced it
+        m.setattr(plans, "PAIR_TAILS", False)
+        assert plan_gemm_launch(128, 8192, 57344, 128, "bfloat16", arch, 132, h200_resident).tail is None
     for model, layers in MODELS.items():
         for name, K, N in layers:
             for M in (64, 100, 128, 256, 512, 1024, 2048, 4096):
