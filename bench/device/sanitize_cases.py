@@ -30,8 +30,8 @@ def gemm_tensors(K, N, G):
 def pair_tail():
     """The wgmma GEMM at two CTAs per SM (the 128-token tile's PEND 2) as matmul plans it: one wave of pairs (264
     column tiles), then the other 25 split K ways in a tail launch (plans.PAIR_TAILS on for it); a partial token
-    tile, N % 16 = 8. The shape of test_matmul_pair_grid_tail_against_reference: at K = 1024 the model keeps
-    fewer tail tiles in the one launch (the second launch's start costs more than their last round)."""
+    tile, N % 16 = 8. The shape of test_matmul_pair_grid_tail_against_reference: at K = 1024, N = 34824 (9 tiles
+    past the wave) the model keeps the one launch, the second launch's start costing more than a lone round saves."""
     was, plans.PAIR_TAILS = plans.PAIR_TAILS, True
     try:
         K, N = 4096, 36872
