@@ -327,8 +327,8 @@ def split_cost(K_stages: int, n_ctas: int, m_tiles: int, *, resident: int, M: in
     time, which k CTAs sharing an SM cannot overlap (a unit then takes at least k x ``tensor_us``); 0 leaves it out,
     as the split planners do. ``lone``: where ``per_sm`` > 1, a unit's time for a CTA alone on its SM (the grid's
     last round after whole waves, or a grid of at most one CTA per SM) as a fraction of a unit's on a full SM
-    (``pair_sm_terms``); 0: the co-residence model's. Memoised: the search over split counts costs tens of microseconds of host time, and ``matmul`` asks
-    for the same shapes call after call."""
+    (``pair_sm_terms``); 0: the co-residence model's. Memoised: the search over split counts costs tens of
+    microseconds of host time, and ``matmul`` asks for the same shapes call after call."""
     base = n_ctas * m_tiles
     per_sm = max(1, per_sm)
     sms = max(1, resident // per_sm)

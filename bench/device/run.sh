@@ -149,8 +149,8 @@ for step in "$@"; do
                       > "$OUT/ab_m128_tail_$dt.txt" 2>&1 || rc=1
                     cat "$OUT/ab_m128_tail_$dt.txt"
                   done ;;
-    pair_tail_check) # two CTAs per SM ending in a planned tail (plans.pair_sm_terms; run it with plans.PAIR_TAILS
-                     # = True in the tree): its GPU tests and the tail launch's, memcheck of its case beside them,
+    pair_tail_check) # two CTAs per SM ending in a planned tail (plans.pair_sm_terms, plans.PAIR_TAILS): its GPU
+                     # tests and the tail launch's, memcheck of its case beside them,
                      # then Llama-2-70B at M = 128 (gate_up plans it) against cuBLAS fp16 and the peer, fp16 and bf16
       compute-sanitizer --tool memcheck --error-exitcode 1 python3 bench/device/sanitize_cases.py pair_tail \
         > "$OUT/memcheck_pair_tail.log" 2>&1 & san=$!

@@ -6,8 +6,8 @@ template argument, any of 1..3 here; reduce_cols the split-K reduce kernel's col
 ksplit=2 two K streams per CTA; producers=0 or 1 the 128- and 256-token tiles' variant without or with x producer
 warps; tma=0 or 1 their variant with the x tile pass or reading x through a tensor map);
 tile=T makes every M take the token tile T (plans.gemm_token_tile patched); tailsplits=S (with tail=1) splits the
-tail launch's K exactly S ways (plans.split_cost patched inside plans.tail_split_cost); notilex=1 skips the x tile pass (timing
-only: the GEMM reads the tiles an earlier run of the case left, so put it after a normal run). The gemm_wg family is
+tail launch's K exactly S ways (plans.split_cost patched inside plans.tail_split_cost); notilex=1 skips the x tile
+pass (timing only: the GEMM reads the tiles an earlier run of the case left, so put it after a normal run). The gemm_wg family is
 narrowed to the variants the runs need, so it compiles in seconds.
 AB_DTYPE=bfloat16 runs bf16 activations and weights (default float16).
 AB_DEFINES=NAME=VALUE,... compiles the gemm_wg family with those macros (probe builds); AB_NOCHECK=1 skips the
